@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything tpcheck needs on a fresh Debian 12 machine (as root, or with sudo):
+# the C++ dependencies from Debian packages and the Python packages the tests use.
+# Idempotent: a second run installs nothing new.
+set -euo pipefail
+
+apt_packages=(
+  build-essential cmake ninja-build pkg-config
+  libcli11-dev         # command-line parsing for the tpcheck program
+  nlohmann-json3-dev   # JSON reports
+  libfmt-dev           # message and table formatting
+  libopenblas-dev      # CPU GEMMs (sgemm / dgemm)
+  libgtest-dev libgmock-dev  # unit tests
+  libbenchmark-dev     # bench/ programs
+  python3 python3-pip
+)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python packages are used by the tests only (independent references):
+#   jax (x64, CPU)  autodiff reference for every layer
+#   ml_dtypes       bit-exact reference for the number formats
+#   safetensors, numpy, pytest
+python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/python/requirements.txt"
