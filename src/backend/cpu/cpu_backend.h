@@ -1,0 +1,57 @@
+// cpu_backend.h — the reference backend: every Backend op on the host, in plain C++.
+//
+// CpuBackend is the backend CI runs and the one truth runs use. GEMMs go through
+// OpenBLAS with their inputs rounded to the chosen math class (see gemm.cpp); every
+// other op is a straightforward loop with its math in f32 (f64 for f64 inputs) and one
+// rounding to the storage dtype where a GPU kernel would store.
+// The methods live in one file per op: gemm.cpp, bias.cpp, norm.cpp, activation.cpp,
+// attention.cpp, elementwise.cpp (and cpu_backend.cpp for the factory).
+// Thread safety: like every Backend, used by one rank (thread) at a time. Distinct
+// CpuBackend objects may run on distinct threads at once.
+#pragma once
+
+#include <string_view>
+
+#include "tpcheck/backend.h"
+
+namespace tpcheck {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+
+  // gemm.cpp
+  void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            Tensor& c, bool accumulate) override;
+
+  // bias.cpp
+  void add_bias(Tensor& y, const Tensor& bias) override;
+  void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override;
+
+  // norm.cpp
+  NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma,
+                           const Tensor& beta, double eps, bool zero_centered_gamma) override;
+  Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                       const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
+                       Tensor& dbeta) override;
+
+  // activation.cpp
+  Tensor activation_forward(Activation act, const Tensor& x) override;
+  Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override;
+
+  // attention.cpp
+  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionMask& mask, double scale) override;
+  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const AttentionForward& saved,
+                                    const AttentionMask& mask, double scale) override;
+
+  // elementwise.cpp
+  Tensor add(const Tensor& a, const Tensor& b) override;
+  void accumulate(Tensor& into, const Tensor& x) override;
+  Tensor scale(const Tensor& x, double s) override;
+  double mse_loss(const Tensor& y, const Tensor& target) override;
+  Tensor mse_loss_backward(const Tensor& y, const Tensor& target) override;
+};
+
+}  // namespace tpcheck
