@@ -1,0 +1,43 @@
+// tpcheck/mutation.h — deliberate tensor-parallel bugs the layers can be built with.
+//
+// A checker that never fails proves nothing. Each Mutation is a real TP bug (the kind
+// that ships); `tpcheck run --mutate NAME` builds the sharded run's layers with it, and
+// tests assert that the default policy fails at least one suite case for every mutation
+// at TP 2, 4 and 8. Single and truth runs are never mutated.
+// Thread safety: values.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace tpcheck {
+
+enum class Mutation {
+  kNone,
+  kNoRowAllReduce,        // row-parallel output not reduced (partial sums used as the output)
+  kDoubleAllReduce,       // row-parallel output all-reduced twice
+  kShardOffByOne,         // rank r holds weight shard (r + 1) mod N of column-parallel weights
+  kColumnBiasNotSharded,  // every rank adds shard 0 of a column-parallel bias
+  kReversedGather,        // sequence-parallel all-gather concatenates in reverse rank order
+  kNormGradNotReduced,    // SP: norm weight/bias gradients not all-reduced across the group
+  kAttentionScaleLocal,   // softmax scale from the local head count: 1/sqrt(hidden / (heads/N))
+  kDgradAveraged,         // column-parallel input gradient all-reduce divides by N (mean, not sum)
+  kResidualBeforeReduce,  // residual added on every rank before the row-parallel reduction
+  kNoDgradAllReduce,      // column-parallel input gradient not all-reduced (no SP)
+  kRowBiasBeforeReduce,   // row-parallel bias added on every rank before the reduction
+  kRowBiasGradNotReduced, // SP: row-parallel bias gradient not all-reduced across the group
+};
+
+struct MutationInfo {
+  Mutation mutation;
+  std::string_view name;         // CLI name, kebab-case: "no-row-allreduce"
+  std::string_view description;  // one line for `tpcheck mutations`
+};
+
+// Every mutation except kNone, in a stable order.
+const std::vector<MutationInfo>& all_mutations();
+std::string_view mutation_name(Mutation m);  // "none" for kNone
+// Throws Error(kInput) naming the text and listing the accepted names.
+Mutation parse_mutation(std::string_view name);
+
+}  // namespace tpcheck
