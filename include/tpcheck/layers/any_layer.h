@@ -1,0 +1,49 @@
+// tpcheck/layers/any_layer.h — one interface over every layer, chosen by name.
+//
+// The suite and the test tools run layers without knowing their types: a LayerSpec
+// (kind + JSON options, the keys documented on each layer's Options::from_json) makes
+// an AnyLayer that owns the typed layer and the Saved state between forward and
+// backward. Parameter names carry no prefix ("weight", "fc1_weight", ...).
+// Thread safety: a layer object belongs to one rank.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tpcheck/layers/module.h"
+
+namespace tpcheck {
+
+struct LayerSpec {
+  std::string kind;  // "Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP"
+  nlohmann::json options = nlohmann::json::object();
+};
+
+class AnyLayer {
+ public:
+  virtual ~AnyLayer() = default;
+  // Documented stable order.
+  virtual std::vector<Parameter*> parameters() = 0;
+  // x in input_layout() (this rank's piece). Keeps what backward needs.
+  virtual LayerOutputs forward(const Tensor& x) = 0;
+  // REQUIRES: forward ran. Returns dx (input_layout()); accumulates parameter gradients.
+  virtual Tensor backward(const OutputGrads& grads) = 0;
+  // Weight gradients when delays_wgrad(); otherwise a no-op.
+  virtual void backward_dw() = 0;
+  // Layouts for the tensors as the layer sees them (rank-2 [T, features] for Linear,
+  // norms, LayerNormLinear, LayerNormMLP).
+  virtual OutputLayout output_layout() const = 0;
+  virtual ShardSpec input_layout() const = 0;
+  virtual bool delays_wgrad() const = 0;
+};
+
+// The kinds make_layer knows, in a stable order.
+const std::vector<std::string>& layer_kinds();
+
+// Throws Error(kInput) for an unknown kind (listing the kinds) or bad options.
+std::unique_ptr<AnyLayer> make_layer(const LayerSpec& spec, const ModuleContext& ctx);
+
+}  // namespace tpcheck

@@ -1,0 +1,114 @@
+// tpcheck/layers/linear.h — Linear: y = x Wᵀ + b, unsharded, column- or row-parallel.
+//
+// The contract is docs/LAYERS.md ("Linear"). Parameters, in order: `<prefix>weight`
+// [out, in], `<prefix>bias` [out] (when `bias`). GEMM sites `<site>/fwd`, `<site>/dgrad`,
+// `<site>/wgrad`.
+//
+//   mode    weight shard  bias shard        local input                 output layout
+//   none    replicated    replicated        x                           replicated
+//   column  dim 0         dim 0             x (SP: token slice, gathered) last dim (features)
+//   row     dim 1         replicated        features slice of x          replicated (SP: dim 0)
+//
+// Row-parallel output is all-reduced (SP: reduce-scattered along dim 0); the bias is
+// added after the reduction. Column-parallel input gradient is all-reduced (SP:
+// reduce-scattered). Under SP, the row-parallel bias gradient is all-reduced.
+// Linear is also the building block of LayerNormLinear, LayerNormMLP and attention.
+// Thread safety: a layer object belongs to one rank.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpcheck/layers/module.h"
+
+namespace tpcheck {
+
+// How a weight is initialised: N(0, 0.023) or the constant 0.05 (docs/LAYERS.md).
+enum class InitMethod { kNormal, kConstant };
+std::string_view init_method_name(InitMethod m);          // "normal", "constant"
+std::string_view parallel_mode_name(ParallelMode m);      // "none", "column", "row"
+
+class Linear {
+ public:
+  struct Options {
+    std::int64_t in_features = 0;   // required (> 0)
+    std::int64_t out_features = 0;  // required (> 0)
+    bool bias = true;
+    bool return_bias = false;
+    ParallelMode parallel_mode = ParallelMode::kNone;
+    bool sequence_parallel = false;
+    InitMethod init_method = InitMethod::kNormal;
+    bool fuse_wgrad_accumulation = false;
+    bool delay_wgrad_compute = false;
+    bool save_original_input = false;
+    DType params_dtype = DType::kF32;
+    // GEMM site name (records "<site>/fwd" ...). Not a JSON key: parents set it.
+    std::string site = "linear";
+    // Column mode only, not a JSON key: shard blocks of the weight's dim 0 (and of the
+    // bias), for fused weights whose parts are sharded separately (gated fc1 {ffn, ffn},
+    // non-interleaved QKV {heads·d, g·d, g·d}). Empty: one block.
+    std::vector<std::int64_t> weight_blocks;
+
+    // Keys: in_features, out_features, bias, return_bias, parallel_mode
+    // ("none"|"column"|"row"), sequence_parallel, init_method ("normal"|"constant"),
+    // fuse_wgrad_accumulation, delay_wgrad_compute, save_original_input, params_dtype
+    // ("f32"|"f16"|"bf16"|"f64"). Throws Error(kInput) on an unknown key or a bad value.
+    static Options from_json(const nlohmann::json& j);
+  };
+
+  struct Saved {
+    Shape input_shape;        // shape of x as given to forward (dx gets it)
+    Tensor input;             // [T, in_local] GEMM input: gathered under SP column, or
+                              // the local slice with save_original_input (re-gathered)
+    Tensor grad_output;       // delay_wgrad_compute: [T, out_local] dy as the wgrad GEMM uses it
+    Tensor grad_output_local; // delay_wgrad_compute, row SP: the local dy slice (bias grad)
+    Tensor grad_bias_output;  // delay_wgrad_compute with return_bias: the `bias` output grad
+  };
+
+  // Creates the parameters `<prefix>weight`, `<prefix>bias`. Throws Error(kInput) when
+  // a size is not positive or not divisible by the TP size where the mode shards it.
+  Linear(std::string prefix, Options options, const ModuleContext& ctx);
+
+  // x: [..., in] (column/none; SP column: the local token slice along dim 0) or
+  // [..., in/N] (row). Output [..., out_local] (row SP: the local token slice).
+  //
+  // `residual` (row mode, optional; used by TransformerLayer): a tensor shaped like the
+  // output that is added to it — after the reduction and after the bias, or, under
+  // Mutation::kResidualBeforeReduce, to the local partial sum before the reduction (the
+  // bug; under SP the residual is all-gathered first so every rank adds all of it).
+  // A parent that passes it must not add the residual itself.
+  LayerOutputs forward(const Tensor& x, Saved& saved, const Tensor& residual = Tensor());
+  // Returns dx (shape of forward's x). Accumulates weight/bias gradients unless
+  // delay_wgrad_compute, in which case it keeps what backward_dw needs in `saved`.
+  Tensor backward(const OutputGrads& grads, Saved& saved);
+  // delay_wgrad_compute only: weight and bias gradients. No-op otherwise.
+  void backward_dw(Saved& saved);
+
+  // Records in `saved` the input forward would keep for `x` (gathers under SP column
+  // unless save_original_input). Used by forward and by checkpoint recomputation.
+  void save_input(const Tensor& x, Saved& saved);
+
+  std::vector<Parameter*> parameters();
+  Parameter& weight() { return weight_; }
+  Parameter* bias_parameter() { return options_.bias ? &bias_ : nullptr; }
+  const Options& options() const { return options_; }
+  // Layouts for an input / output of rank `rank` (2 for [T, features]).
+  ShardSpec input_layout(int rank = 2) const;
+  OutputLayout output_layout(int rank = 2) const;
+  bool delays_wgrad() const { return options_.delay_wgrad_compute; }
+
+ private:
+  void weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local, const Tensor& dbias_out,
+                             const Tensor& input);
+
+  Options options_;
+  ModuleContext ctx_;
+  ParallelMode mode_;  // options_.parallel_mode, or kNone when the group has one rank
+  Parameter weight_;
+  Parameter bias_;
+};
+
+}  // namespace tpcheck
