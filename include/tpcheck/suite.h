@@ -1,0 +1,77 @@
+// tpcheck/suite.h — suites of cases and the runner that executes one case three ways.
+//
+// A case is one layer configuration (module kind + options + dtype + sequence parallel)
+// and the global input shape. `run_case` runs it three times with the same global
+// parameters and inputs — single (unsharded, case dtype), sharded (TP = N, thread ranks
+// on the CPU), truth (unsharded, f64 everywhere) — through MSE loss, forward then
+// backward (then backward_dw where delayed), and returns every compared tensor
+// reassembled to its global shape, plus each run's GEMM ledger.
+// Thread safety: run_case starts its own rank threads; call it from one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tpcheck/backend.h"
+#include "tpcheck/gemm_record.h"
+#include "tpcheck/mutation.h"
+#include "tpcheck/tensor.h"
+
+namespace tpcheck {
+
+// Sizes of the `te` suite; the defaults are the reference suite's (made for TP ≤ 4).
+// An explicitly given size is never changed; defaults may be raised to fit the TP size.
+struct SuiteSizes {
+  std::optional<std::int64_t> hidden, ffn, heads, seq, batch;
+};
+
+struct SuiteCase {
+  std::string id;                // stable, regex-friendly: "Linear.column.sp1.bias=false"
+  std::string module;            // layer kind for make_layer: "Linear", "TransformerLayer", ...
+  nlohmann::json options;        // layer options (parallel_mode, sequence_parallel, ... included)
+  std::string variant;           // the option that distinguishes the case: "bias=false", "default"
+  bool sequence_parallel = false;
+  DType dtype = DType::kF32;     // storage dtype of the single and sharded runs
+  Shape input_shape;             // global input shape (the single run's input)
+};
+
+struct Suite {
+  std::string name;
+  std::vector<SuiteCase> cases;
+  std::vector<std::string> notes;  // adjustments the suite made, printed to the user
+};
+
+// Names of the suites `make_suite` knows ("te").
+std::vector<std::string> suite_names();
+// Builds a suite for `tp` ranks. Throws Error(kInput) for an unknown suite name, or when
+// `tp` does not divide an explicitly given size (naming it).
+Suite make_suite(const std::string& name, int tp, const SuiteSizes& sizes);
+
+struct RunConfig {
+  int tp = 4;
+  std::uint64_t seed = 1234;
+  Mutation mutation = Mutation::kNone;
+  GemmClassRule gemm_rule;  // single and sharded runs; truth always computes in fp64
+};
+
+// One compared tensor, global shape, in each run.
+struct ComparedTensor {
+  std::string name;      // "output", "bias", "layernorm_output", or a parameter name
+  std::string kind;      // "output" or "gradient"
+  int index = 0;         // the reference suite's index: position among the parameters
+  Tensor single, sharded, truth;
+};
+
+struct CaseRun {
+  std::vector<ComparedTensor> tensors;
+  std::vector<GemmRecord> single_gemms, sharded_gemms, truth_gemms;  // sharded: rank 0
+  double seconds = 0;
+};
+
+CaseRun run_case(const SuiteCase& c, const RunConfig& config);
+
+}  // namespace tpcheck
