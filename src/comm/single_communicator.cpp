@@ -1,0 +1,61 @@
+// SingleCommunicator: the group of one rank. Every collective is the identity (results
+// are fresh copies, so callers may write them as they would a real collective's output).
+// After abort(), every later collective throws Error(kAborted), as in a real group.
+// Thread safety: one thread uses the object (see comm.h).
+#include <string>
+
+#include "tpcheck/comm.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+namespace {
+
+class SingleCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+
+  Tensor all_gather(const Tensor& local, int dim) override {
+    enter("all_gather");
+    check_dim(local, dim, "all_gather");
+    return local.clone();
+  }
+  Tensor reduce_scatter(const Tensor& full, int dim) override {
+    enter("reduce_scatter");
+    check_dim(full, dim, "reduce_scatter");
+    return full.clone();
+  }
+  void all_reduce(Tensor& t, ReduceOp op) override { enter("all_reduce"); }
+  void broadcast(Tensor& t, int root) override {
+    enter("broadcast");
+    TPCHECK_CHECK(root == 0, "broadcast: root {} out of range for a group of 1", root);
+  }
+  void barrier() override { enter("barrier"); }
+  void abort(const std::string& reason) override {
+    if (!aborted_) reason_ = reason;
+    aborted_ = true;
+  }
+
+ private:
+  void enter(const char* what) {
+    if (aborted_) {
+      throw Error(ErrorKind::kAborted, "rank 0 failed: " + reason_, what, 0);
+    }
+  }
+  static void check_dim(const Tensor& t, int dim, const char* what) {
+    TPCHECK_CHECK(t.defined(), "{}: undefined tensor", what);
+    TPCHECK_CHECK(dim >= -t.rank() && dim < t.rank(), "{}: dim {} out of range for {}", what, dim,
+                  t.describe());
+  }
+
+  bool aborted_ = false;
+  std::string reason_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_communicator() {
+  return std::make_unique<SingleCommunicator>();
+}
+
+}  // namespace tpcheck
