@@ -29,8 +29,8 @@ class CpuBackend final : public Backend {
   void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override;
 
   // norm.cpp
-  NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma,
-                           const Tensor& beta, double eps, bool zero_centered_gamma) override;
+  NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           double eps, bool zero_centered_gamma) override;
   Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
                        const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
                        Tensor& dbeta) override;

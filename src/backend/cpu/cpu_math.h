@@ -45,8 +45,30 @@ void store(const std::vector<Real>& values, Tensor& t) {
       for (std::size_t i = 0; i < values.size(); ++i) p[i] = static_cast<float>(values[i]);
       return;
     }
-    default:
-      for (std::size_t i = 0; i < values.size(); ++i) t.set(static_cast<std::int64_t>(i), values[i]);
+    case DType::kF16: {
+      std::uint16_t* p = t.data<std::uint16_t>();
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if constexpr (sizeof(Real) == sizeof(double))
+          p[i] = f64_to_f16_bits(values[i]);
+        else
+          p[i] = f32_to_f16_bits(values[i]);
+      }
+      return;
+    }
+    case DType::kBF16: {
+      std::uint16_t* p = t.data<std::uint16_t>();
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if constexpr (sizeof(Real) == sizeof(double))
+          p[i] = f64_to_bf16_bits(values[i]);
+        else
+          p[i] = f32_to_bf16_bits(values[i]);
+      }
+      return;
+    }
+    default:  // fp8: rare here; the slow, checked path
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        t.set(static_cast<std::int64_t>(i), static_cast<double>(values[i]));
+      }
       return;
   }
 }
