@@ -1,0 +1,158 @@
+// tpcheck/numerics.h — comparing a sharded run with its single-device twin (and both with
+// the fp64 truth run), and the policies that turn those statistics into verdicts.
+//
+// Data flow: compare_tensors() measures (no judgement); evaluate() applies one Policy to
+// the measurements and returns a Verdict with a reason a human reads. Policies are plain
+// data, so the suite can judge the same comparison under every policy.
+//
+// Global rules, applied by evaluate() before any policy:
+//   * a NaN or Inf in sharded, single or truth never passes;
+//   * sharded all zeros where single is not fails (a lost all-reduce looks like this);
+//   * both all zeros passes with a warning (nothing was really checked).
+// Thread safety: all functions are pure; the structs are plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tpcheck/tensor.h"
+
+namespace tpcheck {
+
+struct Tolerance {
+  double rtol = 0;
+  double atol = 0;
+};
+
+// The reference suite's table (TransformerEngine run_numerics.py, unquantized, with the
+// loosened fp32 atol this project starts from): f32 (TF32 GEMMs) rtol 1e-3 atol 5e-5,
+// f16 rtol 1e-3 atol 1e-5, bf16 rtol 1.6e-2 atol 1e-5. Other dtypes have no entry, as in
+// the reference (it raises): nullopt.
+std::optional<Tolerance> reference_tolerance(DType dtype);
+
+struct CompareOptions {
+  // Override the table (the CLI's --rtol / --atol). An override applies to every dtype.
+  std::optional<double> rtol;
+  std::optional<double> atol;
+};
+
+// Errors of one run against the fp64 truth: e_i = x_i - truth_i in f64.
+struct TruthError {
+  double max_abs = 0;        // max_i |e_i|
+  std::int64_t argmax = -1;  // its flat index (first maximum)
+  double rms = 0;            // sqrt(mean_i e_i^2)
+};
+
+struct TensorComparison {
+  Shape shape;
+  DType dtype = DType::kF32;  // single's dtype: it selects the tolerance, as in the reference
+  std::int64_t numel = 0;
+
+  // Tolerance the te/allclose statistics use (table or override); `has_tolerance` false
+  // when the dtype has no table entry and nothing was overridden.
+  bool has_tolerance = false;
+  Tolerance tolerance;
+
+  // ---- sharded vs single, the reference suite's statistics ----
+  // The reference takes d_i = |sharded_i - single_i| computed in the tensors' dtype (so
+  // rounded to it), flattens, and judges at argmax d (the first maximum; NaN counts as the
+  // maximum, as torch.argmax does). -1 when the tensor is empty.
+  std::int64_t argmax = -1;
+  std::vector<std::int64_t> argmax_index;  // the same position as a multi-index
+  double sharded_value = 0;                // sharded[argmax] (exact)
+  double single_value = 0;                 // single[argmax] (exact)
+  double max_abs_diff = 0;                 // d[argmax]
+  double rel_at_max = 0;                   // max_abs_diff / max(|single_value|, 1e-5)
+  // ‖sharded − single‖₂ / ‖single‖₂ in f64 (0 when both are 0, inf when only single is).
+  double norm_rel_diff = 0;
+  // Elements with |sharded − single| > atol + rtol·|single| (exact f64 arithmetic) for
+  // `tolerance`; -1 when !has_tolerance.
+  std::int64_t count_over_allclose = -1;
+  // Elements whose bit patterns differ (same dtype required for bitwise equality).
+  std::int64_t count_bits_differ = 0;
+  bool bitwise_equal = false;
+
+  std::int64_t sharded_nan = 0, sharded_inf = 0;
+  std::int64_t single_nan = 0, single_inf = 0;
+  bool sharded_all_zero = false;
+  bool single_all_zero = false;
+
+  // ---- both against the fp64 truth (when one was given) ----
+  bool has_truth = false;
+  std::int64_t truth_nonfinite = 0;
+  double truth_rms = 0;      // sqrt(mean truth_i²): the magnitude the floor scales with
+  double truth_max_abs = 0;  // max |truth_i|
+  TruthError single_vs_truth;
+  TruthError sharded_vs_truth;
+};
+
+// Measures `sharded` against `single` (and both against `truth` when not null).
+// REQUIRES (Error(kInput) otherwise): same shape for all; truth, when given, of dtype f64.
+TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, const Tensor* truth,
+                                 const CompareOptions& options = {});
+
+enum class PolicyKind { kTe, kAllclose, kTruth, kBitwise };
+
+// Parameters of the `truth` policy. Sharded passes when, against the fp64 truth,
+//   sharded.rms     <= multiplier · single.rms     + floor_factor · u · truth_rms   and
+//   sharded.max_abs <= multiplier · single.max_abs + floor_factor · u · truth_max_abs,
+// where u is the unit roundoff of the arithmetic (by default dtype_unit_roundoff of the
+// tensor's dtype; the runner may pass the GEMM class's, e.g. 2^-11 for TF32 inputs).
+// Why this shape: two correct implementations that differ only in reduction order and
+// GEMM class have errors of the same size, so a ratio test is scale free; the floor
+// keeps a lucky, almost exact single run (tiny or zero error) from failing a sharded run
+// whose error is still at rounding level. The defaults are provisional: the suite owner
+// calibrates them from measured error ratios (multiplier 2: two same-size independent
+// errors rarely differ by 2× in RMS; floor 4·u·magnitude: a few roundings of a value).
+struct TruthPolicyParams {
+  double multiplier = 2.0;
+  double floor_factor = 4.0;
+  std::optional<double> unit_roundoff;  // overrides dtype_unit_roundoff(dtype)
+};
+
+struct Policy {
+  PolicyKind kind = PolicyKind::kTruth;
+  TruthPolicyParams truth;  // used by kTruth only
+};
+
+// "te", "allclose", "truth", "bitwise".
+std::string_view policy_name(PolicyKind kind);
+// All accepted names, in the order above.
+const std::vector<std::string>& policy_names();
+// Inverse of policy_name with default parameters; throws Error(kInput) naming the bad
+// name and the accepted ones.
+Policy parse_policy(std::string_view name);
+
+enum class VerdictStatus { kPass, kWarning, kFail };
+// "pass", "warning", "fail".
+std::string_view verdict_status_name(VerdictStatus status);
+
+struct Verdict {
+  VerdictStatus status = VerdictStatus::kFail;
+  std::string reason;  // one line a human reads, with the figures that decided
+  bool passed() const { return status != VerdictStatus::kFail; }
+};
+
+// Applies the global rules, then the policy:
+//   te:       judged at argmax only; fails iff rel_at_max > rtol AND max_abs_diff > atol;
+//   allclose: fails iff any element has |sharded − single| > atol + rtol·|single|;
+//   truth:    see TruthPolicyParams (fails with a reason when no truth was compared);
+//   bitwise:  fails iff any bit pattern differs (or the dtypes differ).
+// te/allclose on a comparison without a tolerance fail with a reason asking for one.
+Verdict evaluate(const Policy& policy, const TensorComparison& comparison);
+
+// The reference suite's failure line, formatted as its Python f-string prints it
+// (floats as Python repr: shortest round-trip digits, exponent form below 1e-4 and from
+// 1e16, a ".0" on integral values):
+// "NUMERICAL CHECK FAILED: <name> not close enough at index <i> with <sharded> vs <single>
+//  | rel. error = <r> (tol = <rtol>) | abs. error = <e> (tol = <atol>)" (one line).
+// REQUIRES: comparison.has_tolerance and numel > 0.
+std::string format_te_failure(std::string_view name, const TensorComparison& comparison);
+
+// A double as Python's repr() prints it (used above; exposed for reports and tests).
+std::string python_float_repr(double value);
+
+}  // namespace tpcheck
