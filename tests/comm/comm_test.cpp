@@ -406,7 +406,7 @@ TEST(ThreadGroupFailure, RankThatNeverArrivesTimesOut) {
         4,
         [&](Communicator& comm) {
           // Rank 3 is stuck (e.g. in a long computation) past the peers' timeout.
-          if (comm.rank() == 3) std::this_thread::sleep_for(milliseconds(600));
+          if (comm.rank() == 3) std::this_thread::sleep_for(milliseconds(1000));
           try {
             Tensor t = make_input(comm.rank(), {2}, DType::kF32);
             comm.all_reduce(t);
@@ -426,7 +426,7 @@ TEST(ThreadGroupFailure, RankThatNeverArrivesTimesOut) {
   // The waiting ranks gave up near their timeout, long before rank 3 woke up.
   for (int r = 0; r < 3; ++r) {
     EXPECT_GE(seconds[r], 0.0);
-    EXPECT_LT(seconds[r], 0.5) << "rank " << r;
+    EXPECT_LT(seconds[r], 0.9) << "rank " << r;
   }
 }
 
