@@ -143,4 +143,10 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend();
 
+// Threads OpenBLAS uses for one CPU GEMM. Results differ in the last bits between thread
+// counts (measured: 1 vs 2 threads on a 300×200×500 sgemm), so runs that compare bits
+// fix it; the thread-rank runner uses 1 (the ranks are the parallelism).
+void set_cpu_gemm_threads(int threads);
+int cpu_gemm_threads();
+
 }  // namespace tpcheck

@@ -17,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tpcheck/backend.h"
+#include "tpcheck/forensics.h"
 #include "tpcheck/gemm_record.h"
+#include "tpcheck/numerics.h"
 #include "tpcheck/mutation.h"
 #include "tpcheck/tensor.h"
 
@@ -73,5 +75,35 @@ struct CaseRun {
 };
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config);
+
+// ---- judging ----------------------------------------------------------------------
+
+struct JudgeConfig {
+  std::vector<Policy> policies;   // every policy reported (te, allclose, truth, bitwise)
+  CompareOptions compare;         // --rtol / --atol overrides for te and allclose
+};
+
+struct TensorResult {
+  std::string name, kind;
+  int index = 0;
+  TensorComparison comparison;
+  std::vector<Verdict> verdicts;  // one per JudgeConfig::policies entry
+};
+
+struct CaseResult {
+  SuiteCase spec;
+  int tp = 1;
+  std::vector<TensorResult> tensors;
+  std::vector<Verdict> verdicts;  // per policy: fails if any tensor fails
+  std::vector<GemmClassDiff> gemm_class_diffs;
+  std::size_t gemm_count_single = 0, gemm_count_sharded = 0;
+  double seconds = 0;
+};
+
+CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const JudgeConfig& config);
+
+// Index of the tensor that decides the case under policy `p` (the first failing one, else
+// the one with the largest sharded-vs-single norm-wise difference); -1 if none.
+int worst_tensor(const CaseResult& result, std::size_t p);
 
 }  // namespace tpcheck

@@ -1,6 +1,205 @@
-// The `tpcheck` program. Placeholder until the CLI lands (issue 3).
-#include <cstdio>
-int main() {
-  std::puts("tpcheck: no commands yet");
-  return 0;
+// The `tpcheck` program: run a suite (single, sharded, truth), list its cases, list the
+// mutations. Exit codes: 0 every case passes the chosen policy, 1 some case failed,
+// 2 usage or input error (nothing run), 3 runtime or device error.
+#include <CLI/CLI.hpp>
+#include <fmt/ostream.h>
+
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include "tpcheck/device.h"
+#include "tpcheck/error.h"
+#include "tpcheck/report.h"
+#include "tpcheck/suite.h"
+
+namespace tpcheck {
+namespace {
+
+constexpr int kExitPass = 0, kExitFail = 1, kExitUsage = 2, kExitRuntime = 3;
+
+struct RunArgs {
+  std::string backend = "auto";
+  int tp = 4;
+  std::string suite = "te";
+  std::string filter;
+  std::string policy = "truth";
+  std::uint64_t seed = 1234;
+  std::string mutate = "none";
+  std::string cpu_gemm = "fp32";
+  std::string json_path;
+  std::optional<double> rtol, atol;
+  SuiteSizes sizes;
+  bool quiet = false;
+};
+
+void add_size_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--hidden", a.sizes.hidden, "hidden size (default 64)");
+  cmd->add_option("--ffn", a.sizes.ffn, "FFN hidden size (default 32)");
+  cmd->add_option("--heads", a.sizes.heads, "attention heads (default 4, raised to --tp if larger)");
+  cmd->add_option("--seq", a.sizes.seq, "sequence length per rank (default 16)");
+  cmd->add_option("--batch", a.sizes.batch, "batch size (default 16)");
+}
+
+GemmClassRule parse_cpu_gemm(const std::string& name) {
+  GemmClassRule rule;
+  if (name == "fp32") return rule;
+  if (name == "tf32") {
+    rule.f32_class = MathClass::kTf32;
+    return rule;
+  }
+  if (name == "auto") {
+    rule.mode = GemmClassRule::Mode::kAuto;
+    return rule;
+  }
+  throw Error(ErrorKind::kInput,
+              fmt::format("unknown --cpu-gemm '{}'; expected one of fp32, tf32, auto", name));
+}
+
+// The suite's cases matching --filter (all without one); an empty match is an input error.
+std::vector<SuiteCase> select_cases(const Suite& suite, const std::string& filter) {
+  if (filter.empty()) return suite.cases;
+  std::regex re;
+  try {
+    re = std::regex(filter);
+  } catch (const std::regex_error& e) {
+    throw Error(ErrorKind::kInput, fmt::format("--filter '{}' is not a valid regex: {}", filter, e.what()));
+  }
+  std::vector<SuiteCase> out;
+  for (const SuiteCase& c : suite.cases) {
+    if (std::regex_search(c.id, re)) out.push_back(c);
+  }
+  if (out.empty()) {
+    throw Error(ErrorKind::kInput,
+                fmt::format("--filter '{}' matches none of the {} cases of suite '{}' (see `tpcheck list`)",
+                            filter, suite.cases.size(), suite.name));
+  }
+  return out;
+}
+
+std::string resolve_backend(const std::string& requested) {
+  if (requested == "cpu") return "cpu";
+  if (requested == "auto") return "cpu";  // the CUDA backend is not built yet; see README
+  throw Error(ErrorKind::kInput,
+              fmt::format("unknown or unavailable --backend '{}'; available: cpu (auto picks cpu)", requested));
+}
+
+int run_command(const RunArgs& a) {
+  // Every check happens before any work starts.
+  const std::string backend = resolve_backend(a.backend);
+  const Policy chosen = parse_policy(a.policy);
+  const Mutation mutation = parse_mutation(a.mutate);
+  const GemmClassRule rule = parse_cpu_gemm(a.cpu_gemm);
+  TPCHECK_CHECK_INPUT(a.tp >= 1 && a.tp <= 64, "--tp must be between 1 and 64, got {}", a.tp);
+  if (a.rtol) TPCHECK_CHECK_INPUT(*a.rtol >= 0, "--rtol must be >= 0, got {}", *a.rtol);
+  if (a.atol) TPCHECK_CHECK_INPUT(*a.atol >= 0, "--atol must be >= 0, got {}", *a.atol);
+  const Suite suite = make_suite(a.suite, a.tp, a.sizes);
+  const std::vector<SuiteCase> cases = select_cases(suite, a.filter);
+  std::ofstream json_file;
+  if (!a.json_path.empty()) {
+    json_file.open(a.json_path);
+    TPCHECK_CHECK_INPUT(json_file.good(), "cannot write --json file '{}'", a.json_path);
+  }
+
+  RunSettings settings;
+  settings.backend = backend;
+  settings.suite = suite.name;
+  settings.tp = a.tp;
+  settings.seed = a.seed;
+  settings.mutation = std::string(mutation_name(mutation));
+  settings.cpu_gemm = a.cpu_gemm;
+  for (const std::string& name : policy_names()) settings.policies.push_back(parse_policy(name));
+  for (std::size_t p = 0; p < settings.policies.size(); ++p) {
+    if (settings.policies[p].kind == chosen.kind) settings.chosen_policy = p;
+  }
+  settings.compare = CompareOptions{a.rtol, a.atol};
+  settings.notes = suite.notes;
+
+  // Ranks are the parallelism; one BLAS thread keeps results independent of the machine.
+  set_cpu_gemm_threads(1);
+  RunConfig config{a.tp, a.seed, mutation, rule};
+  JudgeConfig judge{settings.policies, settings.compare};
+
+  print_header(std::cout, settings, cases.size());
+  std::vector<CaseResult> results;
+  for (const SuiteCase& c : cases) {
+    results.push_back(judge_case(c, a.tp, run_case(c, config), judge));
+    if (!a.quiet || !results.back().verdicts[settings.chosen_policy].passed()) {
+      print_case(std::cout, results.back(), settings);
+    }
+    std::cout.flush();
+  }
+  if (json_file.is_open()) json_file << run_to_json(results, settings).dump(1) << "\n";
+  const Summary summary = summarize(results, settings.chosen_policy);
+  print_summary(std::cout, summary, settings);
+  return summary.failed == 0 ? kExitPass : kExitFail;
+}
+
+int list_command(const RunArgs& a) {
+  const Suite suite = make_suite(a.suite, a.tp, a.sizes);
+  for (const std::string& note : suite.notes) fmt::print("note: {}\n", note);
+  for (const SuiteCase& c : select_cases(suite, a.filter)) fmt::print("{}\n", c.id);
+  return kExitPass;
+}
+
+int mutations_command() {
+  for (const MutationInfo& m : all_mutations()) fmt::print("{:<28} {}\n", m.name, m.description);
+  return kExitPass;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"tpcheck: does the tensor-parallel run compute what the single-device run computes?"};
+  app.require_subcommand(0, 1);
+  RunArgs args;
+
+  CLI::App* run = app.add_subcommand("run", "run a suite: single, sharded and fp64 truth runs, judged");
+  run->add_option("--backend", args.backend, "cpu, or auto (default: cpu until the CUDA backend lands)");
+  run->add_option("--tp", args.tp, "tensor-parallel size (thread ranks on the CPU)");
+  run->add_option("--suite", args.suite, "suite name (te)");
+  run->add_option("--filter", args.filter, "regex over case ids (see `tpcheck list`)");
+  run->add_option("--policy", args.policy, "te, allclose, truth (default) or bitwise");
+  run->add_option("--seed", args.seed, "seed of parameters, inputs and targets");
+  run->add_option("--mutate", args.mutate, "build the sharded layers with a TP bug (see `tpcheck mutations`)");
+  run->add_option("--cpu-gemm", args.cpu_gemm, "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
+  run->add_option("--json", args.json_path, "write the JSON report (schema tpcheck.run/1) here");
+  run->add_option("--rtol", args.rtol, "override rtol of te/allclose");
+  run->add_option("--atol", args.atol, "override atol of te/allclose");
+  run->add_flag("--quiet", args.quiet, "print only failing cases and the summary");
+  add_size_options(run, args);
+
+  CLI::App* list = app.add_subcommand("list", "list the case ids of a suite");
+  list->add_option("--suite", args.suite, "suite name (te)");
+  list->add_option("--tp", args.tp, "tensor-parallel size");
+  list->add_option("--filter", args.filter, "regex over case ids");
+  add_size_options(list, args);
+
+  app.add_subcommand("mutations", "list the TP bugs --mutate can build in");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitPass : kExitUsage;
+  }
+  if (*list) return list_command(args);
+  if (app.got_subcommand("mutations")) return mutations_command();
+  return run_command(args);  // `tpcheck` alone runs the default suite
+}
+
+}  // namespace
+}  // namespace tpcheck
+
+int main(int argc, char** argv) {
+  try {
+    return tpcheck::main_impl(argc, argv);
+  } catch (const tpcheck::Error& e) {
+    fmt::print(stderr, "tpcheck: error: {}\n", e.what());
+    if (e.kind() == tpcheck::ErrorKind::kInput) return tpcheck::kExitUsage;
+    if (!e.where().empty()) fmt::print(stderr, "  (at {}{})\n", e.where(),
+                                      e.rank() >= 0 ? fmt::format(", rank {}", e.rank()) : "");
+    return tpcheck::kExitRuntime;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tpcheck: error: {}\n", e.what());
+    return tpcheck::kExitRuntime;
+  }
 }

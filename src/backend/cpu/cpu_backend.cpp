@@ -2,10 +2,15 @@
 // in one file per op (see cpu_backend.h).
 #include "backend/cpu/cpu_backend.h"
 
+#include <cblas.h>
+
 #include <memory>
 
 namespace tpcheck {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+void set_cpu_gemm_threads(int threads) { openblas_set_num_threads(threads); }
+int cpu_gemm_threads() { return openblas_get_num_threads(); }
 
 }  // namespace tpcheck

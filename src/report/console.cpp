@@ -1,0 +1,73 @@
+// Console report: a line per case, reference-style failure lines, the closing summary.
+#include <fmt/ostream.h>
+
+#include "tpcheck/report.h"
+
+namespace tpcheck {
+namespace {
+
+std::string_view status_word(VerdictStatus s) {
+  switch (s) {
+    case VerdictStatus::kPass: return "PASS";
+    case VerdictStatus::kWarning: return "WARN";
+    case VerdictStatus::kFail: return "FAIL";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Summary summarize(const std::vector<CaseResult>& results, std::size_t chosen_policy) {
+  Summary s;
+  for (const CaseResult& r : results) (r.verdicts[chosen_policy].passed() ? s.passed : s.failed)++;
+  return s;
+}
+
+void print_header(std::ostream& out, const RunSettings& settings, std::size_t case_count) {
+  fmt::print(out, "tpcheck: suite {} | {} cases | backend {} | tp {} | seed {} | cpu-gemm {} | policy {}{}\n",
+             settings.suite, case_count, settings.backend, settings.tp, settings.seed,
+             settings.cpu_gemm, policy_name(settings.policies[settings.chosen_policy].kind),
+             settings.mutation == "none" ? "" : " | mutation " + settings.mutation);
+  for (const std::string& note : settings.notes) fmt::print(out, "note: {}\n", note);
+}
+
+void print_case(std::ostream& out, const CaseResult& result, const RunSettings& settings) {
+  const std::size_t chosen = settings.chosen_policy;
+  std::string all;
+  for (std::size_t p = 0; p < settings.policies.size(); ++p) {
+    all += fmt::format(" {}={}", policy_name(settings.policies[p].kind),
+                       verdict_status_name(result.verdicts[p].status));
+  }
+  std::string worst = "-";
+  if (int w = worst_tensor(result, chosen); w >= 0) {
+    const TensorResult& t = result.tensors[w];
+    worst = fmt::format("{} (max |diff| {:.3g}, norm-wise {:.3g})", t.name,
+                        t.comparison.max_abs_diff, t.comparison.norm_rel_diff);
+  }
+  fmt::print(out, "{} {:<60} |{} | worst: {}\n", status_word(result.verdicts[chosen].status),
+             result.spec.id, all, worst);
+  if (!result.verdicts[chosen].passed()) {
+    fmt::print(out, "     why: {}\n", result.verdicts[chosen].reason);
+  }
+  // The reference suite's own line for every tensor failing `te` (its param index or
+  // "outputs", as it prints them).
+  for (std::size_t p = 0; p < settings.policies.size(); ++p) {
+    if (settings.policies[p].kind != PolicyKind::kTe) continue;
+    for (const TensorResult& t : result.tensors) {
+      if (t.verdicts[p].passed() || !t.comparison.has_tolerance || t.comparison.numel == 0) continue;
+      const std::string label = t.kind == "gradient" ? std::to_string(t.index) : "outputs";
+      fmt::print(out, "     {}  [{}]\n", format_te_failure(label, t.comparison), t.name);
+    }
+  }
+  for (const GemmClassDiff& d : result.gemm_class_diffs) {
+    fmt::print(out, "     gemm class differs at {}: single {} (m={} n={} k={}) vs sharded {} (m={} n={} k={})\n",
+               d.site, math_class_name(d.single.math_class), d.single.m, d.single.n, d.single.k,
+               math_class_name(d.sharded.math_class), d.sharded.m, d.sharded.n, d.sharded.k);
+  }
+}
+
+void print_summary(std::ostream& out, const Summary& summary, const RunSettings& settings) {
+  fmt::print(out, "{} passed, {} failed\n", summary.passed, summary.failed);
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,127 @@
+// JSON report, schema "tpcheck.run/1". Keys are snake_case and reuse the console's names.
+#include <ctime>
+
+#include "tpcheck/device.h"
+#include "tpcheck/report.h"
+
+namespace tpcheck {
+namespace {
+
+using nlohmann::json;
+
+// JSON has no NaN/Inf: they become strings so the file stays valid.
+json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+json truth_error_json(const TruthError& e) {
+  return {{"max_abs", number(e.max_abs)}, {"argmax", e.argmax}, {"rms", number(e.rms)}};
+}
+
+json comparison_json(const TensorComparison& c) {
+  json j = {
+      {"shape", c.shape},
+      {"dtype", dtype_name(c.dtype)},
+      {"numel", c.numel},
+      {"max_abs_diff", number(c.max_abs_diff)},
+      {"argmax", c.argmax},
+      {"argmax_index", c.argmax_index},
+      {"sharded_value", number(c.sharded_value)},
+      {"single_value", number(c.single_value)},
+      {"rel_at_max", number(c.rel_at_max)},
+      {"norm_rel_diff", number(c.norm_rel_diff)},
+      {"count_over_allclose", c.count_over_allclose},
+      {"count_bits_differ", c.count_bits_differ},
+      {"sharded_nonfinite", c.sharded_nan + c.sharded_inf},
+      {"single_nonfinite", c.single_nan + c.single_inf},
+  };
+  if (c.has_tolerance) j["tolerance"] = {{"rtol", c.tolerance.rtol}, {"atol", c.tolerance.atol}};
+  if (c.has_truth) {
+    j["truth"] = {{"rms", number(c.truth_rms)},
+                  {"max_abs", number(c.truth_max_abs)},
+                  {"single_error", truth_error_json(c.single_vs_truth)},
+                  {"sharded_error", truth_error_json(c.sharded_vs_truth)}};
+  }
+  return j;
+}
+
+json verdicts_json(const std::vector<Verdict>& verdicts, const RunSettings& settings) {
+  json j = json::object();
+  for (std::size_t p = 0; p < verdicts.size(); ++p) {
+    j[std::string(policy_name(settings.policies[p].kind))] = {
+        {"status", verdict_status_name(verdicts[p].status)}, {"reason", verdicts[p].reason}};
+  }
+  return j;
+}
+
+json gemm_json(const GemmRecord& r) {
+  return {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"math_class", math_class_name(r.math_class)},
+          {"implementation", r.implementation}};
+}
+
+}  // namespace
+
+json case_to_json(const CaseResult& result, const RunSettings& settings) {
+  json tensors = json::array();
+  for (const TensorResult& t : result.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"kind", t.kind},
+                       {"index", t.index},
+                       {"statistics", comparison_json(t.comparison)},
+                       {"verdicts", verdicts_json(t.verdicts, settings)}});
+  }
+  json diffs = json::array();
+  for (const GemmClassDiff& d : result.gemm_class_diffs) {
+    diffs.push_back({{"site", d.site}, {"occurrence", d.occurrence},
+                     {"single", gemm_json(d.single)}, {"sharded", gemm_json(d.sharded)}});
+  }
+  return {{"id", result.spec.id},
+          {"module", result.spec.module},
+          {"variant", result.spec.variant},
+          {"options", result.spec.options},
+          {"tp", result.tp},
+          {"sequence_parallel", result.spec.sequence_parallel},
+          {"dtype", dtype_name(result.spec.dtype)},
+          {"input_shape", result.spec.input_shape},
+          {"verdicts", verdicts_json(result.verdicts, settings)},
+          {"tensors", std::move(tensors)},
+          {"gemm_class_diffs", std::move(diffs)},
+          {"gemm_count", {{"single", result.gemm_count_single}, {"sharded_rank0", result.gemm_count_sharded}}},
+          {"seconds", result.seconds}};
+}
+
+json run_to_json(const std::vector<CaseResult>& results, const RunSettings& settings) {
+  json cases = json::array();
+  for (const CaseResult& r : results) cases.push_back(case_to_json(r, settings));
+  const Summary s = summarize(results, settings.chosen_policy);
+  const DeviceInfo device = query_devices();
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  json compare = json::object();
+  if (settings.compare.rtol) compare["rtol"] = *settings.compare.rtol;
+  if (settings.compare.atol) compare["atol"] = *settings.compare.atol;
+  return {{"schema", "tpcheck.run/1"},
+          {"environment",
+           {{"tpcheck_version", TPCHECK_VERSION},
+            {"compiler", __VERSION__},
+            {"date", date},
+            {"backend", settings.backend},
+            {"devices", device.description},
+            {"cpu_gemm_threads", cpu_gemm_threads()},
+            {"suite", settings.suite},
+            {"tp", settings.tp},
+            {"seed", settings.seed},
+            {"mutation", settings.mutation},
+            {"cpu_gemm", settings.cpu_gemm},
+            {"policy", policy_name(settings.policies[settings.chosen_policy].kind)},
+            {"tolerance_override", compare},
+            {"notes", settings.notes}}},
+          {"cases", std::move(cases)},
+          {"summary", {{"passed", s.passed}, {"failed", s.failed},
+                       {"policy", policy_name(settings.policies[settings.chosen_policy].kind)}}}};
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,185 @@
+// run_case: one suite case, three runs (single, sharded, truth), every compared tensor
+// reassembled to its global shape.
+//
+// Data flow, identical in the three runs:
+//   global input ──(input layout)──▶ local input ─▶ layer.forward ─▶ local outputs
+//   local outputs ──all_gather──▶ global outputs ─▶ MSE loss gradients (global, f64)
+//   global gradients ──(output layout)──▶ local output gradients ─▶ layer.backward
+//   (+ backward_dw) ─▶ parameter gradients (local shards) ─▶ reassembled after the run.
+// The loss gradient is computed on the gathered global output, as the reference suite
+// does with its differentiable gather; the runner's own gathers are never mutated.
+#include <chrono>
+
+#include "tpcheck/error.h"
+#include "tpcheck/layers/any_layer.h"
+#include "tpcheck/suite.h"
+
+namespace tpcheck {
+namespace {
+
+// Everything one rank (or the single / truth run) produced, still sharded.
+struct RankResult {
+  LayerOutputs outputs;
+  std::vector<Tensor> gradients;  // Parameter::gradient(), in parameters() order
+  std::vector<GemmRecord> gemms;
+};
+
+struct Layouts {
+  OutputLayout outputs;
+  std::vector<std::string> param_names;
+  std::vector<ShardSpec> param_shards;
+};
+
+Tensor gather_global(Communicator& comm, const Tensor& local, const ShardSpec& spec) {
+  if (spec.is_replicated() || comm.size() == 1) return local;
+  TPCHECK_CHECK(spec.blocks.size() <= 1, "outputs are sharded as one block");
+  return comm.all_gather(local, spec.dim);
+}
+
+// Gradients of the suite loss with respect to output, bias and layernorm output (global).
+//   L = MSE(output + bias, target) [+ MSE(layernorm_output, target_ln)]
+// computed in f64 and rounded once to each tensor's dtype.
+OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed) {
+  OutputGrads g;
+  const Tensor& y = global.output;
+  const std::int64_t cols = y.dim(-1), rows = y.numel() / cols;
+  std::vector<double> yv = y.to_f64();
+  if (global.bias.defined()) {
+    std::vector<double> b = global.bias.to_f64();
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) yv[i * cols + j] += b[j];
+  }
+  Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(), DType::kF64);
+  const double* t = target.data<double>();
+  std::vector<double> dy(yv.size());
+  for (std::size_t i = 0; i < yv.size(); ++i) dy[i] = 2.0 * (yv[i] - t[i]) / yv.size();
+  g.output = Tensor::from_f64(dy, y.shape(), y.dtype());
+  if (global.bias.defined()) {
+    std::vector<double> db(cols, 0.0);
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) db[j] += dy[i * cols + j];
+    g.bias = Tensor::from_f64(db, global.bias.shape(), global.bias.dtype());
+  }
+  if (global.layernorm_output.defined()) {
+    const Tensor& ln = global.layernorm_output;
+    Tensor tln = generate(FillSpec::normal(0, 1), seed, "target_ln", ln.shape(), DType::kF64);
+    std::vector<double> lv = ln.to_f64(), d(lv.size());
+    for (std::size_t i = 0; i < lv.size(); ++i) d[i] = 2.0 * (lv[i] - tln.data<double>()[i]) / lv.size();
+    g.layernorm_output = Tensor::from_f64(d, ln.shape(), ln.dtype());
+  }
+  return g;
+}
+
+Tensor shard_of(const Tensor& global, const ShardSpec& spec, const Communicator& comm) {
+  if (!global.defined()) return global;
+  return take_shard(global, spec, comm.rank(), comm.size());
+}
+
+// One run of the case on one rank of `comm` (size 1 for single and truth).
+RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
+                    const GemmClassRule& rule, Mutation mutation, std::uint64_t seed,
+                    Communicator& comm, Layouts* layouts) {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  backend->set_gemm_rule(rule);
+  ModuleContext ctx{backend.get(), &comm, seed, mutation};
+  std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{c.module, options}, ctx);
+
+  Tensor input = generate(FillSpec::normal(0, 1), seed, "input", c.input_shape, dtype,
+                          layer->input_layout(), comm.rank(), comm.size());
+  LayerOutputs local = layer->forward(input);
+  const OutputLayout layout = layer->output_layout();
+
+  LayerOutputs global;
+  global.output = gather_global(comm, local.output, layout.output);
+  if (local.bias.defined()) global.bias = gather_global(comm, local.bias, layout.bias);
+  if (local.layernorm_output.defined())
+    global.layernorm_output = gather_global(comm, local.layernorm_output, layout.layernorm_output);
+
+  OutputGrads global_grads = loss_gradients(global, seed);
+  OutputGrads grads{shard_of(global_grads.output, layout.output, comm),
+                    shard_of(global_grads.bias, layout.bias, comm),
+                    shard_of(global_grads.layernorm_output, layout.layernorm_output, comm)};
+  layer->backward(grads);
+  if (layer->delays_wgrad()) layer->backward_dw();
+
+  RankResult result;
+  result.outputs = local;
+  for (Parameter* p : layer->parameters()) result.gradients.push_back(p->gradient());
+  result.gemms = backend->ledger().records();
+  if (layouts != nullptr) {
+    layouts->outputs = layout;
+    for (Parameter* p : layer->parameters()) {
+      layouts->param_names.push_back(p->name);
+      layouts->param_shards.push_back(p->shard);
+    }
+  }
+  return result;
+}
+
+RankResult run_unsharded(const SuiteCase& c, const nlohmann::json& options, DType dtype,
+                         const GemmClassRule& rule, std::uint64_t seed, Layouts* layouts) {
+  std::unique_ptr<Communicator> comm = make_single_communicator();
+  return run_rank(c, options, dtype, rule, Mutation::kNone, seed, *comm, layouts);
+}
+
+}  // namespace
+
+CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
+  const auto start = std::chrono::steady_clock::now();
+
+  // The unsharded twins: same options without tensor parallelism.
+  nlohmann::json unsharded = c.options;
+  unsharded["sequence_parallel"] = false;
+  Layouts layouts;
+  RankResult single = run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.seed, &layouts);
+
+  nlohmann::json truth_options = unsharded;
+  truth_options["params_dtype"] = "f64";
+  RankResult truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, nullptr);
+
+  std::vector<RankResult> ranks(config.tp);
+  Layouts sharded_layouts;
+  run_thread_group(config.tp, [&](Communicator& comm) {
+    Layouts* mine = comm.rank() == 0 ? &sharded_layouts : nullptr;
+    ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
+                                  config.seed, comm, mine);
+  });
+
+  TPCHECK_CHECK(sharded_layouts.param_names == layouts.param_names,
+                "case {}: sharded and single layers have different parameters", c.id);
+
+  CaseRun run;
+  auto gather = [&](auto member, const ShardSpec& spec) {
+    std::vector<Tensor> shards;
+    for (const RankResult& r : ranks) shards.push_back(member(r));
+    return assemble_shards(shards, spec);
+  };
+  auto add = [&](std::string name, std::string kind, int index, Tensor s, Tensor sh, Tensor t) {
+    run.tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, std::move(s),
+                                         std::move(sh), std::move(t)});
+  };
+  const OutputLayout& out = sharded_layouts.outputs;
+  add("output", "output", -1, single.outputs.output,
+      gather([](const RankResult& r) { return r.outputs.output; }, out.output), truth.outputs.output);
+  if (single.outputs.bias.defined()) {
+    add("bias", "output", -1, single.outputs.bias,
+        gather([](const RankResult& r) { return r.outputs.bias; }, out.bias), truth.outputs.bias);
+  }
+  if (single.outputs.layernorm_output.defined()) {
+    add("layernorm_output", "output", -1, single.outputs.layernorm_output,
+        gather([](const RankResult& r) { return r.outputs.layernorm_output; }, out.layernorm_output),
+        truth.outputs.layernorm_output);
+  }
+  for (std::size_t i = 0; i < layouts.param_names.size(); ++i) {
+    add(layouts.param_names[i], "gradient", static_cast<int>(i), single.gradients[i],
+        gather([i](const RankResult& r) { return r.gradients[i]; }, sharded_layouts.param_shards[i]),
+        truth.gradients[i]);
+  }
+  run.single_gemms = std::move(single.gemms);
+  run.sharded_gemms = std::move(ranks[0].gemms);
+  run.truth_gemms = std::move(truth.gemms);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return run;
+}
+
+}  // namespace tpcheck
