@@ -59,9 +59,8 @@ void check_shardable(const Shape& global, const ShardSpec& spec, int world, std:
                       spec.dim, rank, shape_str(global));
   std::int64_t size = global[spec.dim];
   if (spec.blocks.empty()) {
-    TPCHECK_CHECK_INPUT(size % world == 0,
-                        "{}: dimension {} of size {} is not divisible by tp={}", what, spec.dim,
-                        size, world);
+    TPCHECK_CHECK_INPUT(size % world == 0, "{}: dimension {} of size {} is not divisible by tp={}",
+                        what, spec.dim, size, world);
     return;
   }
   std::int64_t sum = 0;
@@ -122,9 +121,9 @@ Tensor take_shard(const Tensor& global, const ShardSpec& spec, int rank, int wor
   Tensor local(shape, global.dtype());
   for (std::size_t j = 0; j < layout.piece.size(); ++j) {
     if (layout.piece[j] == 0) continue;
-    local.write_slice(spec.dim, layout.local_start[j],
-                      global.slice(spec.dim, layout.global_start[j] + rank * layout.piece[j],
-                                   layout.piece[j]));
+    local.write_slice(
+        spec.dim, layout.local_start[j],
+        global.slice(spec.dim, layout.global_start[j] + rank * layout.piece[j], layout.piece[j]));
   }
   return local;
 }
@@ -136,8 +135,8 @@ Tensor assemble_shards(const std::vector<Tensor>& shards, const ShardSpec& spec)
   const Tensor& first = shards[0];
   for (int r = 1; r < world; ++r) {
     TPCHECK_CHECK(shards[r].shape() == first.shape() && shards[r].dtype() == first.dtype(),
-                  "assemble_shards: rank {} holds {} but rank 0 holds {}", r,
-                  shards[r].describe(), first.describe());
+                  "assemble_shards: rank {} holds {} but rank 0 holds {}", r, shards[r].describe(),
+                  first.describe());
   }
   TPCHECK_CHECK(spec.dim < first.rank(), "assemble_shards: dimension {} of a shard {}", spec.dim,
                 first.describe());

@@ -87,7 +87,8 @@ TEST(Rng, DependsOnSeedNameAndIndex) {
   // chance has probability ~ 10^10 / 2^54 ≈ 6e-7).
   std::set<double> seen;
   for (int n = 0; n < 10; ++n) {
-    for (std::uint64_t i = 0; i < 10000; ++i) seen.insert(rng_uniform01(5, "p" + std::to_string(n), i));
+    for (std::uint64_t i = 0; i < 10000; ++i)
+      seen.insert(rng_uniform01(5, "p" + std::to_string(n), i));
   }
   EXPECT_EQ(seen.size(), 100000u);
 }
@@ -131,7 +132,8 @@ TEST(Rng, NormalMomentsAndTail) {
 TEST(Rng, FillValue) {
   EXPECT_EQ(fill_value(FillSpec::constant(0.05), 1, "c", 123), 0.05);
   for (std::uint64_t i = 0; i < 1000; ++i) {
-    EXPECT_EQ(fill_value(FillSpec::normal(0.5, 0.023), 9, "n", i), 0.5 + 0.023 * rng_normal(9, "n", i));
+    EXPECT_EQ(fill_value(FillSpec::normal(0.5, 0.023), 9, "n", i),
+              0.5 + 0.023 * rng_normal(9, "n", i));
     double u = fill_value(FillSpec::uniform(-2.0, 3.0), 9, "u", i);
     EXPECT_EQ(u, -2.0 + 5.0 * rng_uniform01(9, "u", i));
     EXPECT_GT(u, -2.0);
@@ -179,7 +181,8 @@ TEST(Rng, ShardGeneratedEqualsSliceOfFull) {
             total += blocks.back();
           }
           shape[dim] = total;
-          ShardSpec spec = ShardSpec::along(dim, nblocks == 1 ? std::vector<std::int64_t>{} : blocks);
+          ShardSpec spec =
+              ShardSpec::along(dim, nblocks == 1 ? std::vector<std::int64_t>{} : blocks);
           const FillSpec& fill = fills[gen() % 3];
           DType dtype = dtypes[gen() % 4];
           std::uint64_t seed = gen();
@@ -210,7 +213,8 @@ TEST(Rng, GenerateReplicatedIsTheWholeTensorOnEveryRank) {
 
 TEST(Rng, GenerateRejectsUnshardableShape) {
   try {
-    generate(FillSpec::normal(0, 1), 1, "fc1_weight", {96, 8}, DType::kF32, ShardSpec::along(0), 0, 5);
+    generate(FillSpec::normal(0, 1), 1, "fc1_weight", {96, 8}, DType::kF32, ShardSpec::along(0), 0,
+             5);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInput);

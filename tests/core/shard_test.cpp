@@ -66,30 +66,37 @@ TEST(Shard, ReplicatedIsTheWholeTensor) {
 }
 
 TEST(Shard, BlockNotDivisibleNamesTensorDimensionBlockAndTp) {
-  std::string msg = input_error_message(
-      [] { check_shardable({96, 16}, ShardSpec::along(0, {50, 46}), 5, "fc1_weight"); });
-  EXPECT_NE(msg.find("fc1_weight: dimension 0 of size 96 (block 1 of size 46) is not divisible by tp=5"),
-            std::string::npos)
+  std::string msg = input_error_message([] {
+    check_shardable({96, 16}, ShardSpec::along(0, {50, 46}), 5, "fc1_weight");
+  });
+  EXPECT_NE(
+      msg.find("fc1_weight: dimension 0 of size 96 (block 1 of size 46) is not divisible by tp=5"),
+      std::string::npos)
       << msg;
 }
 
 TEST(Shard, SingleBlockNotDivisible) {
-  std::string msg =
-      input_error_message([] { check_shardable({16, 30}, ShardSpec::along(1), 4, "proj_weight"); });
-  EXPECT_NE(msg.find("proj_weight: dimension 1 of size 30 is not divisible by tp=4"), std::string::npos)
+  std::string msg = input_error_message([] {
+    check_shardable({16, 30}, ShardSpec::along(1), 4, "proj_weight");
+  });
+  EXPECT_NE(msg.find("proj_weight: dimension 1 of size 30 is not divisible by tp=4"),
+            std::string::npos)
       << msg;
 }
 
 TEST(Shard, BlocksNotSummingToDimension) {
-  std::string msg =
-      input_error_message([] { check_shardable({12, 4}, ShardSpec::along(0, {4, 4}), 2, "qkv_weight"); });
+  std::string msg = input_error_message([] {
+    check_shardable({12, 4}, ShardSpec::along(0, {4, 4}), 2, "qkv_weight");
+  });
   EXPECT_NE(msg.find("qkv_weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("sum to 8"), std::string::npos) << msg;
   EXPECT_NE(msg.find("size 12"), std::string::npos) << msg;
 }
 
 TEST(Shard, DimensionOutOfRangeAndBadWorld) {
-  std::string msg = input_error_message([] { check_shardable({4, 4}, ShardSpec::along(2), 2, "w"); });
+  std::string msg = input_error_message([] {
+    check_shardable({4, 4}, ShardSpec::along(2), 2, "w");
+  });
   EXPECT_NE(msg.find("dimension 2 of a rank-2"), std::string::npos) << msg;
   msg = input_error_message([] { check_shardable({4, 4}, ShardSpec::along(0), 0, "w"); });
   EXPECT_NE(msg.find("tp=0"), std::string::npos) << msg;
@@ -128,8 +135,8 @@ RandomCase random_case(std::mt19937& gen) {
 
 TEST(Shard, AssembleOfTakeIsIdentityBitwise) {
   std::mt19937 gen(1);
-  const DType dtypes[] = {DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
-                          DType::kF8E5M2};
+  const DType dtypes[] = {DType::kF64,  DType::kF32,    DType::kF16,
+                          DType::kBF16, DType::kF8E4M3, DType::kF8E5M2};
   for (int trial = 0; trial < 500; ++trial) {
     RandomCase c = random_case(gen);
     DType dtype = dtypes[gen() % 6];
