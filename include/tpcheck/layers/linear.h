@@ -101,12 +101,17 @@ class Linear {
   bool delays_wgrad() const { return options_.delay_wgrad_compute; }
 
  private:
+  // dy: [T, out_local] as the wgrad GEMM uses it; dy_local: row SP's local slice (bias).
   void weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local, const Tensor& dbias_out,
-                             const Tensor& input);
+                             const Saved& saved);
+
+  // Last-dimension sizes of this rank's input and output.
+  std::int64_t local_in() const;
+  std::int64_t local_out() const;
+  bool column_sp() const;
 
   Options options_;
   ModuleContext ctx_;
-  ParallelMode mode_;  // options_.parallel_mode, or kNone when the group has one rank
   Parameter weight_;
   Parameter bias_;
 };

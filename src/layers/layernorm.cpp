@@ -1,0 +1,106 @@
+// layernorm.cpp — LayerNorm / RMSNorm forward and backward (layernorm.h).
+//
+// The math is Backend::norm_forward / norm_backward; this file adds the parameters and
+// the sequence-parallel rule: the gradients of the replicated weight and bias, computed
+// from this rank's token slice, are partial sums and are all-reduced (tp_ops).
+#include "tpcheck/layers/layernorm.h"
+
+#include <nlohmann/json.hpp>
+
+#include "layers/json_options.h"
+#include "layers/tp_ops.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+LayerNorm::Options LayerNorm::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "LayerNorm");
+  Options o;
+  o.hidden_size = r.get_size("hidden_size", true);
+  o.normalization = r.get_normalization(o.normalization);
+  o.eps = r.get_positive_double("eps", o.eps);
+  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
+  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  r.finish();
+  return o;
+}
+
+LayerNorm::LayerNorm(std::string prefix, Options options, const ModuleContext& ctx)
+    : options_(std::move(options)), ctx_(ctx) {
+  const Options& o = options_;
+  TPCHECK_CHECK_INPUT(o.hidden_size > 0, "{}: hidden_size {} must be positive",
+                      norm_kind_name(o.normalization), o.hidden_size);
+  TPCHECK_CHECK_INPUT(o.eps > 0, "{}: eps {} must be positive", norm_kind_name(o.normalization),
+                      o.eps);
+  weight_ = make_parameter(ctx_, prefix + "weight", {o.hidden_size}, ShardSpec::replicated(),
+                           default_gamma_fill(o.zero_centered_gamma), o.params_dtype);
+  weight_.sequence_parallel_grad = o.sequence_parallel;
+  if (o.normalization == NormKind::kLayerNorm) {
+    bias_ = make_parameter(ctx_, prefix + "bias", {o.hidden_size}, ShardSpec::replicated(),
+                           default_beta_fill(), o.params_dtype);
+    bias_.sequence_parallel_grad = o.sequence_parallel;
+  }
+}
+
+LayerOutputs LayerNorm::forward(const Tensor& x, Saved& saved) {
+  const Options& o = options_;
+  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) == o.hidden_size,
+                      "{}: input {} expected [..., {}] (hidden_size)", norm_kind_name(o.normalization),
+                      x.defined() ? x.describe() : "undefined", o.hidden_size);
+  TPCHECK_CHECK_INPUT(x.dtype() == o.params_dtype, "{}: input dtype {}, expected params_dtype {}",
+                      norm_kind_name(o.normalization), dtype_name(x.dtype()),
+                      dtype_name(o.params_dtype));
+  saved.input = x;
+  saved.norm = ctx_.backend->norm_forward(o.normalization, x, weight_.value, bias_.value, o.eps,
+                                          o.zero_centered_gamma);
+  LayerOutputs out;
+  out.output = saved.norm.y;
+  return out;
+}
+
+Tensor LayerNorm::backward(const OutputGrads& grads, Saved& saved) {
+  const Options& o = options_;
+  TPCHECK_CHECK(saved.input.defined(), "{}: backward before forward", norm_kind_name(o.normalization));
+  TPCHECK_CHECK(grads.output.defined() && grads.output.shape() == saved.input.shape(),
+                "{}: output gradient does not match the input {}", norm_kind_name(o.normalization),
+                saved.input.describe());
+  const bool layer_norm = o.normalization == NormKind::kLayerNorm;
+  if (!o.sequence_parallel) {
+    return ctx_.backend->norm_backward(o.normalization, grads.output, saved.input, weight_.value,
+                                       saved.norm, o.zero_centered_gamma, weight_.grad,
+                                       bias_.grad);
+  }
+  // SP: this rank's slice gives partial sums; reduce them before accumulating, so
+  // gradients accumulated earlier are not summed N times.
+  Tensor dgamma = Tensor::zeros(weight_.grad.shape(), weight_.grad.dtype());
+  Tensor dbeta = layer_norm ? Tensor::zeros(bias_.grad.shape(), bias_.grad.dtype()) : Tensor();
+  Tensor dx = ctx_.backend->norm_backward(o.normalization, grads.output, saved.input,
+                                          weight_.value, saved.norm, o.zero_centered_gamma,
+                                          dgamma, dbeta);
+  reduce_replicated_grad(ctx_, dgamma, ReplicatedGrad::kNorm);
+  ctx_.backend->accumulate(weight_.grad, dgamma);
+  if (layer_norm) {
+    reduce_replicated_grad(ctx_, dbeta, ReplicatedGrad::kNorm);
+    ctx_.backend->accumulate(bias_.grad, dbeta);
+  }
+  return dx;
+}
+
+std::vector<Parameter*> LayerNorm::parameters() {
+  std::vector<Parameter*> ps = {&weight_};
+  if (options_.normalization == NormKind::kLayerNorm) ps.push_back(&bias_);
+  return ps;
+}
+
+ShardSpec LayerNorm::input_layout(int rank) const {
+  return options_.sequence_parallel ? ShardSpec::along(0) : ShardSpec::replicated();
+}
+
+OutputLayout LayerNorm::output_layout(int rank) const {
+  OutputLayout l;
+  l.output = input_layout(rank);
+  return l;
+}
+
+}  // namespace tpcheck

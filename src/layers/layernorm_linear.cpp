@@ -1,0 +1,104 @@
+// layernorm_linear.cpp — LayerNormLinear = LayerNorm then Linear (layernorm_linear.h).
+#include "tpcheck/layers/layernorm_linear.h"
+
+#include <nlohmann/json.hpp>
+
+#include "layers/json_options.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+LayerNormLinear::Options LayerNormLinear::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "LayerNormLinear");
+  Options o;
+  o.in_features = r.get_size("in_features", true);
+  o.out_features = r.get_size("out_features", true);
+  o.normalization = r.get_normalization(o.normalization);
+  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.eps = r.get_positive_double("eps", o.eps);
+  o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
+  o.bias = r.get_bool("bias", o.bias);
+  o.return_bias = r.get_bool("return_bias", o.return_bias);
+  o.parallel_mode = r.get_parallel_mode(o.parallel_mode, /*allow_row=*/false);
+  o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
+  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  r.finish();
+  return o;
+}
+
+LayerNorm::Options LayerNormLinear::norm_options(const Options& o) {
+  TPCHECK_CHECK_INPUT(o.parallel_mode != ParallelMode::kRow,
+                      "LayerNormLinear: parallel_mode row is not supported; expected none or column");
+  LayerNorm::Options n;
+  n.hidden_size = o.in_features;
+  n.normalization = o.normalization;
+  n.eps = o.eps;
+  n.zero_centered_gamma = o.zero_centered_gamma;
+  // The norm sees a token slice only when the Linear gathers after it.
+  n.sequence_parallel = o.sequence_parallel && o.parallel_mode == ParallelMode::kColumn;
+  n.params_dtype = o.params_dtype;
+  return n;
+}
+
+Linear::Options LayerNormLinear::linear_options(const Options& o) {
+  Linear::Options l;
+  l.in_features = o.in_features;
+  l.out_features = o.out_features;
+  l.bias = o.bias;
+  l.return_bias = o.return_bias;
+  l.parallel_mode = o.parallel_mode;
+  l.sequence_parallel = o.sequence_parallel;
+  l.init_method = o.init_method;
+  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  l.delay_wgrad_compute = o.delay_wgrad_compute;
+  l.params_dtype = o.params_dtype;
+  l.site = o.site;
+  l.weight_blocks = o.weight_blocks;
+  return l;
+}
+
+LayerNormLinear::LayerNormLinear(std::string prefix, Options options, const ModuleContext& ctx)
+    : options_(std::move(options)),
+      ctx_(ctx),
+      norm_(prefix + "layer_norm_", norm_options(options_), ctx),
+      linear_(prefix, linear_options(options_), ctx) {}
+
+LayerOutputs LayerNormLinear::forward(const Tensor& x, Saved& saved) {
+  const Tensor ln = norm_.forward(x, saved.norm).output;
+  LayerOutputs out = linear_.forward(ln, saved.linear);
+  if (options_.return_layernorm_output) out.layernorm_output = ln;
+  return out;
+}
+
+Tensor LayerNormLinear::backward(const OutputGrads& grads, Saved& saved) {
+  Tensor dln = linear_.backward(grads, saved.linear);
+  if (options_.return_layernorm_output) {
+    TPCHECK_CHECK(grads.layernorm_output.defined(),
+                  "LayerNormLinear: return_layernorm_output needs its gradient");
+    ctx_.backend->accumulate(dln, grads.layernorm_output);
+  }
+  OutputGrads norm_grads;
+  norm_grads.output = dln;
+  return norm_.backward(norm_grads, saved.norm);
+}
+
+void LayerNormLinear::backward_dw(Saved& saved) { linear_.backward_dw(saved.linear); }
+
+std::vector<Parameter*> LayerNormLinear::parameters() {
+  std::vector<Parameter*> ps = norm_.parameters();
+  for (Parameter* p : linear_.parameters()) ps.push_back(p);
+  return ps;
+}
+
+ShardSpec LayerNormLinear::input_layout(int rank) const { return linear_.input_layout(rank); }
+
+OutputLayout LayerNormLinear::output_layout(int rank) const {
+  OutputLayout l = linear_.output_layout(rank);
+  l.layernorm_output = norm_.output_layout(rank).output;
+  return l;
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,163 @@
+// layernorm_mlp.cpp — LayerNormMLP: norm → fc1 (column) → activation → fc2 (row).
+//
+// fc1 and fc2 are always built column- and row-parallel: in a group of one rank every
+// collective is the identity, so the unsharded twin runs the same code.
+#include "tpcheck/layers/layernorm_mlp.h"
+
+#include <nlohmann/json.hpp>
+
+#include "layers/json_options.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+namespace {
+
+LayerNorm::Options mlp_norm_options(const LayerNormMLP::Options& o, int tp) {
+  TPCHECK_CHECK_INPUT(o.hidden_size > 0 && o.ffn_hidden_size > 0,
+                      "LayerNormMLP: hidden_size {} and ffn_hidden_size {} must be positive",
+                      o.hidden_size, o.ffn_hidden_size);
+  TPCHECK_CHECK_INPUT(o.ffn_hidden_size % tp == 0,
+                      "LayerNormMLP: ffn_hidden_size {} is not divisible by the tensor-parallel "
+                      "size {}",
+                      o.ffn_hidden_size, tp);
+  LayerNorm::Options n;
+  n.hidden_size = o.hidden_size;
+  n.normalization = o.normalization;
+  n.eps = o.eps;
+  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.sequence_parallel = o.sequence_parallel;
+  n.params_dtype = o.params_dtype;
+  return n;
+}
+
+Linear::Options fc1_options(const LayerNormMLP::Options& o) {
+  const bool gated = is_gated(o.activation);
+  Linear::Options l;
+  l.in_features = o.hidden_size;
+  l.out_features = gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size;
+  if (gated) l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};
+  l.bias = o.bias;
+  l.parallel_mode = ParallelMode::kColumn;
+  l.sequence_parallel = o.sequence_parallel;
+  l.init_method = o.init_method;
+  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  l.delay_wgrad_compute = o.delay_wgrad_compute;
+  l.params_dtype = o.params_dtype;
+  l.site = o.site + ".fc1";
+  return l;
+}
+
+Linear::Options fc2_options(const LayerNormMLP::Options& o) {
+  Linear::Options l;
+  l.in_features = o.ffn_hidden_size;
+  l.out_features = o.hidden_size;
+  l.bias = o.bias;
+  l.return_bias = o.return_bias;
+  l.parallel_mode = ParallelMode::kRow;
+  l.sequence_parallel = o.sequence_parallel;
+  l.init_method = o.output_layer_init_method;
+  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  l.delay_wgrad_compute = o.delay_wgrad_compute;
+  l.params_dtype = o.params_dtype;
+  l.site = o.site + ".fc2";
+  return l;
+}
+
+}  // namespace
+
+LayerNormMLP::Options LayerNormMLP::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "LayerNormMLP");
+  Options o;
+  o.hidden_size = r.get_size("hidden_size", true);
+  o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
+  o.activation = r.get_activation(o.activation);
+  o.normalization = r.get_normalization(o.normalization);
+  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.eps = r.get_positive_double("eps", o.eps);
+  o.bias = r.get_bool("bias", o.bias);
+  o.return_bias = r.get_bool("return_bias", o.return_bias);
+  o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
+  o.checkpoint = r.get_bool("checkpoint", o.checkpoint);
+  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.output_layer_init_method =
+      r.get_init_method("output_layer_init_method", o.output_layer_init_method);
+  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
+  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  r.finish();
+  return o;
+}
+
+LayerNormMLP::LayerNormMLP(std::string prefix, Options options, const ModuleContext& ctx)
+    : options_(std::move(options)),
+      ctx_(ctx),
+      norm_(prefix + "layer_norm_", mlp_norm_options(options_, ctx.tp_size()), ctx),
+      fc1_(prefix + "fc1_", fc1_options(options_), ctx),
+      fc2_(prefix + "fc2_", fc2_options(options_), ctx) {}
+
+Tensor LayerNormMLP::forward_to_activation(const Tensor& x, Saved& saved) {
+  const Tensor ln = norm_.forward(x, saved.norm).output;
+  saved.fc1_output = fc1_.forward(ln, saved.fc1).output;
+  return ctx_.backend->activation_forward(options_.activation, saved.fc1_output);
+}
+
+LayerOutputs LayerNormMLP::forward(const Tensor& x, Saved& saved) {
+  Saved work;
+  work.input = x;
+  const Tensor a = forward_to_activation(x, work);
+  LayerOutputs out = fc2_.forward(a, work.fc2);
+  if (options_.return_layernorm_output) out.layernorm_output = work.norm.norm.y;
+  if (options_.checkpoint) {
+    saved = Saved();  // keep only the input; backward recomputes the rest
+    saved.input = x;
+  } else {
+    saved = std::move(work);
+  }
+  return out;
+}
+
+Tensor LayerNormMLP::backward(const OutputGrads& grads, Saved& saved) {
+  TPCHECK_CHECK(saved.input.defined(), "LayerNormMLP: backward before forward");
+  if (options_.checkpoint) {
+    const Tensor a = forward_to_activation(saved.input, saved);
+    fc2_.save_input(a, saved.fc2);
+  }
+  OutputGrads fc2_grads;
+  fc2_grads.output = grads.output;
+  fc2_grads.bias = grads.bias;
+  const Tensor da = fc2_.backward(fc2_grads, saved.fc2);
+  OutputGrads fc1_grads;
+  fc1_grads.output = ctx_.backend->activation_backward(options_.activation, da, saved.fc1_output);
+  Tensor dln = fc1_.backward(fc1_grads, saved.fc1);
+  if (options_.return_layernorm_output) {
+    TPCHECK_CHECK(grads.layernorm_output.defined(),
+                  "LayerNormMLP: return_layernorm_output needs its gradient");
+    ctx_.backend->accumulate(dln, grads.layernorm_output);
+  }
+  OutputGrads norm_grads;
+  norm_grads.output = dln;
+  return norm_.backward(norm_grads, saved.norm);
+}
+
+void LayerNormMLP::backward_dw(Saved& saved) {
+  fc2_.backward_dw(saved.fc2);
+  fc1_.backward_dw(saved.fc1);
+}
+
+std::vector<Parameter*> LayerNormMLP::parameters() {
+  std::vector<Parameter*> ps = norm_.parameters();
+  for (Parameter* p : fc1_.parameters()) ps.push_back(p);
+  for (Parameter* p : fc2_.parameters()) ps.push_back(p);
+  return ps;
+}
+
+ShardSpec LayerNormMLP::input_layout(int rank) const { return norm_.input_layout(rank); }
+
+OutputLayout LayerNormMLP::output_layout(int rank) const {
+  OutputLayout l = fc2_.output_layout(rank);
+  l.layernorm_output = norm_.output_layout(rank).output;
+  return l;
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,257 @@
+// linear.cpp — Linear forward, backward and delayed weight gradient (linear.h).
+//
+//   fwd    y[T, out_l]  = x[T, in_l] · W[out_l, in_l]ᵀ      site <site>/fwd
+//   dgrad  dx[T, in_l]  = dy[T, out_l] · W[out_l, in_l]      site <site>/dgrad
+//   wgrad  dW[out_l, in_l] += dy[T, out_l]ᵀ · x[T, in_l]     site <site>/wgrad
+// Column: out_l = out/N, x gathered over tokens under SP, dx reduced (tp_ops).
+// Row: in_l = in/N, y reduced (tp_ops), dy gathered over tokens under SP.
+#include "tpcheck/layers/linear.h"
+
+#include <nlohmann/json.hpp>
+
+#include <numeric>
+
+#include "layers/json_options.h"
+#include "layers/tp_ops.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+std::string_view init_method_name(InitMethod m) {
+  return m == InitMethod::kConstant ? "constant" : "normal";
+}
+
+std::string_view parallel_mode_name(ParallelMode m) {
+  switch (m) {
+    case ParallelMode::kColumn: return "column";
+    case ParallelMode::kRow: return "row";
+    case ParallelMode::kNone: break;
+  }
+  return "none";
+}
+
+Linear::Options Linear::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "Linear");
+  Options o;
+  o.in_features = r.get_size("in_features", true);
+  o.out_features = r.get_size("out_features", true);
+  o.bias = r.get_bool("bias", o.bias);
+  o.return_bias = r.get_bool("return_bias", o.return_bias);
+  o.parallel_mode = r.get_parallel_mode(o.parallel_mode);
+  o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
+  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.save_original_input = r.get_bool("save_original_input", o.save_original_input);
+  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  r.finish();
+  return o;
+}
+
+Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
+    : options_(std::move(options)), ctx_(ctx) {
+  const Options& o = options_;
+  const int n = ctx_.tp_size();
+  TPCHECK_CHECK_INPUT(o.in_features > 0 && o.out_features > 0,
+                      "{}: in_features {} and out_features {} must be positive", o.site,
+                      o.in_features, o.out_features);
+  TPCHECK_CHECK_INPUT(o.weight_blocks.empty() || o.parallel_mode == ParallelMode::kColumn,
+                      "{}: weight_blocks apply to column-parallel weights only", o.site);
+  if (!o.weight_blocks.empty()) {
+    const std::int64_t sum = std::accumulate(o.weight_blocks.begin(), o.weight_blocks.end(),
+                                             std::int64_t{0});
+    TPCHECK_CHECK_INPUT(sum == o.out_features, "{}: weight blocks sum to {}, expected out_features {}",
+                        o.site, sum, o.out_features);
+  }
+  ShardSpec weight_shard, bias_shard;
+  int weight_rank = ctx_.rank(), bias_rank = ctx_.rank();
+  if (o.parallel_mode == ParallelMode::kColumn) {
+    for (std::int64_t block : o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks) {
+      TPCHECK_CHECK_INPUT(block % n == 0,
+                          "{}: column-parallel out_features {} (block {}) is not divisible by the "
+                          "tensor-parallel size {}",
+                          o.site, o.out_features, block, n);
+    }
+    weight_shard = ShardSpec::along(0, o.weight_blocks);
+    bias_shard = ShardSpec::along(0, o.weight_blocks);
+    if (ctx_.mutated(Mutation::kShardOffByOne)) weight_rank = (ctx_.rank() + 1) % n;
+    if (ctx_.mutated(Mutation::kColumnBiasNotSharded)) bias_rank = 0;
+  } else if (o.parallel_mode == ParallelMode::kRow) {
+    TPCHECK_CHECK_INPUT(o.in_features % n == 0,
+                        "{}: row-parallel in_features {} is not divisible by the tensor-parallel "
+                        "size {}",
+                        o.site, o.in_features, n);
+    weight_shard = ShardSpec::along(1);
+  }
+  const FillSpec weight_fill = o.init_method == InitMethod::kConstant
+                                   ? FillSpec::constant(kConstantInitValue)
+                                   : default_weight_fill();
+  weight_ = make_parameter_from_rank(ctx_, prefix + "weight", {o.out_features, o.in_features},
+                                     weight_shard, weight_fill, o.params_dtype,
+                                     o.fuse_wgrad_accumulation, weight_rank);
+  if (o.bias) {
+    bias_ = make_parameter_from_rank(ctx_, prefix + "bias", {o.out_features}, bias_shard,
+                                     default_bias_fill(), o.params_dtype, false, bias_rank);
+    bias_.sequence_parallel_grad = o.parallel_mode == ParallelMode::kRow && o.sequence_parallel;
+  }
+}
+
+std::int64_t Linear::local_in() const {
+  return options_.parallel_mode == ParallelMode::kRow ? options_.in_features / ctx_.tp_size()
+                                                      : options_.in_features;
+}
+
+std::int64_t Linear::local_out() const {
+  return options_.parallel_mode == ParallelMode::kColumn ? options_.out_features / ctx_.tp_size()
+                                                         : options_.out_features;
+}
+
+bool Linear::column_sp() const {
+  return options_.parallel_mode == ParallelMode::kColumn && options_.sequence_parallel;
+}
+
+void Linear::save_input(const Tensor& x, Saved& saved) {
+  saved.input_shape = x.shape();
+  const Tensor full = column_sp() && !options_.save_original_input ? gather_tokens(ctx_, x) : x;
+  saved.input = full.reshape({full.numel() / local_in(), local_in()});
+}
+
+LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residual) {
+  const Options& o = options_;
+  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 2 && x.dim(-1) == local_in(),
+                      "{}: input {} expected [..., {}] (in_features {}, {} mode, tensor-parallel "
+                      "size {})",
+                      o.site, x.defined() ? x.describe() : "undefined", local_in(), o.in_features,
+                      parallel_mode_name(o.parallel_mode), ctx_.tp_size());
+  TPCHECK_CHECK_INPUT(x.dtype() == o.params_dtype, "{}: input dtype {}, expected params_dtype {}",
+                      o.site, dtype_name(x.dtype()), dtype_name(o.params_dtype));
+  const bool row = o.parallel_mode == ParallelMode::kRow;
+  const Tensor full = column_sp() ? gather_tokens(ctx_, x) : x;
+  const Tensor x2 = full.reshape({full.numel() / local_in(), local_in()});
+
+  saved.input_shape = x.shape();
+  saved.input = o.save_original_input && column_sp() ? x.reshape({x.numel() / local_in(), local_in()})
+                                                     : x2;
+
+  Tensor y2({x2.dim(0), local_out()}, x.dtype());
+  ctx_.backend->gemm(o.site + "/fwd", x2, false, weight_.value, true, y2, false);
+  Shape out_shape = full.shape();
+  out_shape.back() = local_out();
+  Tensor y = y2.reshape(out_shape);
+
+  const bool add_bias = o.bias && !o.return_bias;
+  bool bias_added = false, residual_added = false;
+  if (row) {
+    if (add_bias && ctx_.mutated(Mutation::kRowBiasBeforeReduce)) {
+      ctx_.backend->add_bias(y, bias_.value);  // the bug: every rank adds it
+      bias_added = true;
+    }
+    if (residual.defined() && ctx_.mutated(Mutation::kResidualBeforeReduce)) {
+      // The bug: every rank adds the whole residual to its partial sum.
+      const Tensor r = o.sequence_parallel ? ctx_.comm->all_gather(residual, 0) : residual;
+      ctx_.backend->accumulate(y, r);
+      residual_added = true;
+    }
+    y = reduce_row_output(ctx_, y, o.sequence_parallel);
+  }
+  LayerOutputs out;
+  if (add_bias && !bias_added) ctx_.backend->add_bias(y, bias_.value);
+  if (o.bias && o.return_bias) out.bias = bias_.value.clone();
+  if (residual.defined() && !residual_added) {
+    TPCHECK_CHECK(residual.shape() == y.shape(), "{}: residual {} does not match output {}", o.site,
+                  residual.describe(), y.describe());
+    ctx_.backend->accumulate(y, residual);
+  }
+  out.output = y;
+  return out;
+}
+
+Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
+  const Options& o = options_;
+  TPCHECK_CHECK(grads.output.defined(), "{}: backward needs the output gradient", o.site);
+  TPCHECK_CHECK(saved.input.defined(), "{}: backward before forward", o.site);
+  const bool row = o.parallel_mode == ParallelMode::kRow;
+  const Tensor& dy = grads.output;
+  TPCHECK_CHECK(dy.dim(-1) == local_out(), "{}: output gradient {}, expected [..., {}]", o.site,
+                dy.describe(), local_out());
+  const bool row_sp = row && o.sequence_parallel;
+  const Tensor dy_full = row_sp ? gather_tokens(ctx_, dy) : dy;
+  const Tensor dy2 = dy_full.reshape({dy_full.numel() / local_out(), local_out()});
+  const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
+
+  Tensor dx2({dy2.dim(0), local_in()}, dy.dtype());
+  ctx_.backend->gemm(o.site + "/dgrad", dy2, false, weight_.value, false, dx2, false);
+  Tensor dx = dx2;
+  if (o.parallel_mode == ParallelMode::kColumn) {
+    Shape full_shape = saved.input_shape;
+    full_shape[0] = dx2.numel() / (shape_numel(saved.input_shape) / saved.input_shape[0]);
+    dx = reduce_column_dgrad(ctx_, dx2.reshape(full_shape), o.sequence_parallel);
+  }
+
+  if (o.delay_wgrad_compute) {
+    saved.grad_output = dy2;
+    saved.grad_output_local = dy_local;
+    saved.grad_bias_output = grads.bias;
+  } else {
+    weight_and_bias_grads(dy2, dy_local, grads.bias, saved);
+  }
+  return dx.reshape(saved.input_shape);
+}
+
+void Linear::backward_dw(Saved& saved) {
+  if (!options_.delay_wgrad_compute) return;
+  TPCHECK_CHECK(saved.grad_output.defined(), "{}: backward_dw before backward", options_.site);
+  weight_and_bias_grads(saved.grad_output, saved.grad_output_local, saved.grad_bias_output, saved);
+  saved.grad_output = Tensor();
+  saved.grad_output_local = Tensor();
+  saved.grad_bias_output = Tensor();
+}
+
+void Linear::weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local,
+                                   const Tensor& dbias_out, const Saved& saved) {
+  const Options& o = options_;
+  // save_original_input kept the local token slice; gather it again, as TE does.
+  const Tensor input =
+      column_sp() && o.save_original_input ? gather_tokens(ctx_, saved.input) : saved.input;
+  Tensor& dw = o.fuse_wgrad_accumulation ? weight_.main_grad : weight_.grad;
+  ctx_.backend->gemm(o.site + "/wgrad", dy, true, input, false, dw, true);
+  if (!o.bias) return;
+  if (o.return_bias) {
+    // The returned bias's gradient is given whole (a replicated output's gradient).
+    TPCHECK_CHECK(dbias_out.defined(), "{}: return_bias needs the bias output gradient", o.site);
+    ctx_.backend->accumulate(bias_.grad, dbias_out);
+  } else if (o.parallel_mode == ParallelMode::kRow && o.sequence_parallel) {
+    // Each rank's output slice saw the bias: a partial sum, all-reduced.
+    Tensor partial = Tensor::zeros(bias_.grad.shape(), bias_.grad.dtype());
+    ctx_.backend->accumulate_bias_grad(dy_local, partial);
+    reduce_replicated_grad(ctx_, partial, ReplicatedGrad::kRowBias);
+    ctx_.backend->accumulate(bias_.grad, partial);
+  } else {
+    ctx_.backend->accumulate_bias_grad(dy, bias_.grad);
+  }
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  std::vector<Parameter*> ps = {&weight_};
+  if (options_.bias) ps.push_back(&bias_);
+  return ps;
+}
+
+ShardSpec Linear::input_layout(int rank) const {
+  if (options_.parallel_mode == ParallelMode::kRow) return ShardSpec::along(rank - 1);
+  if (column_sp()) return ShardSpec::along(0);
+  return ShardSpec::replicated();
+}
+
+OutputLayout Linear::output_layout(int rank) const {
+  OutputLayout l;
+  if (options_.parallel_mode == ParallelMode::kColumn) {
+    l.output = ShardSpec::along(rank - 1, options_.weight_blocks);
+    l.bias = ShardSpec::along(0, options_.weight_blocks);
+  } else if (options_.parallel_mode == ParallelMode::kRow && options_.sequence_parallel) {
+    l.output = ShardSpec::along(0);
+  }
+  return l;
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,60 @@
+// mutation.cpp — the names and descriptions of the built-in TP bugs (mutation.h).
+#include "tpcheck/mutation.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+const std::vector<MutationInfo>& all_mutations() {
+  static const std::vector<MutationInfo> kAll = {
+      {Mutation::kNoRowAllReduce, "no-row-allreduce",
+       "row-parallel output not reduced: each rank keeps its partial sum"},
+      {Mutation::kDoubleAllReduce, "double-allreduce", "row-parallel output all-reduced twice"},
+      {Mutation::kShardOffByOne, "shard-off-by-one",
+       "rank r holds shard (r + 1) mod N of column-parallel weights"},
+      {Mutation::kColumnBiasNotSharded, "column-bias-not-sharded",
+       "every rank adds shard 0 of a column-parallel bias"},
+      {Mutation::kReversedGather, "reversed-gather",
+       "sequence-parallel all-gather concatenates in reverse rank order"},
+      {Mutation::kNormGradNotReduced, "norm-grad-not-reduced",
+       "sequence parallel: norm weight/bias gradients not all-reduced"},
+      {Mutation::kAttentionScaleLocal, "attention-scale-local",
+       "softmax scale from the local head count: 1/sqrt(hidden / (heads/N))"},
+      {Mutation::kDgradAveraged, "dgrad-averaged",
+       "column-parallel input gradient reduction divides by N (mean, not sum)"},
+      {Mutation::kResidualBeforeReduce, "residual-before-reduce",
+       "residual added on every rank before the row-parallel reduction"},
+      {Mutation::kNoDgradAllReduce, "no-dgrad-allreduce",
+       "column-parallel input gradient not reduced across the group"},
+      {Mutation::kRowBiasBeforeReduce, "row-bias-before-reduce",
+       "row-parallel bias added on every rank before the reduction"},
+      {Mutation::kRowBiasGradNotReduced, "row-bias-grad-not-reduced",
+       "sequence parallel: row-parallel bias gradient not all-reduced"},
+  };
+  return kAll;
+}
+
+std::string_view mutation_name(Mutation m) {
+  for (const MutationInfo& info : all_mutations()) {
+    if (info.mutation == m) return info.name;
+  }
+  return "none";
+}
+
+Mutation parse_mutation(std::string_view name) {
+  if (name == "none") return Mutation::kNone;
+  std::string accepted = "none";
+  for (const MutationInfo& info : all_mutations()) {
+    if (info.name == name) return info.mutation;
+    accepted += ", ";
+    accepted += info.name;
+  }
+  TPCHECK_CHECK_INPUT(false, "unknown mutation '{}'; expected one of: {}", name, accepted);
+  return Mutation::kNone;  // unreachable
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,51 @@
+// tp_ops.h — the tensor-parallel communication steps layers use, each with its bugs.
+//
+// Every collective a layer performs goes through one of these functions, and every
+// communication Mutation (mutation.h) lives in exactly one of them, so a mutated run
+// differs from a correct one in one place. A mutation is active only when
+// ctx.mutated(m), i.e. in a group of more than one rank.
+//
+//   step                          correct                               mutations here
+//   gather_tokens                 all-gather along dim 0, rank order    kReversedGather
+//   reduce_row_output             all-reduce / SP: reduce-scatter dim 0 kNoRowAllReduce,
+//                                                                       kDoubleAllReduce
+//   reduce_column_dgrad           all-reduce / SP: reduce-scatter dim 0 kDgradAveraged,
+//                                                                       kNoDgradAllReduce
+//   reduce_replicated_grad        all-reduce (SP partial gradients)     kNormGradNotReduced,
+//                                                                       kRowBiasGradNotReduced
+//   make_parameter_from_rank      (used for kShardOffByOne and kColumnBiasNotSharded)
+// kRowBiasBeforeReduce and kResidualBeforeReduce live in Linear's row forward.
+// Thread safety: called by one rank's thread with that rank's context.
+#pragma once
+
+#include "tpcheck/layers/module.h"
+
+namespace tpcheck {
+
+// Rank r's slice [r·T/N, (r+1)·T/N) along dim 0 of a full tensor (no communication).
+Tensor local_token_slice(const ModuleContext& ctx, const Tensor& full);
+
+// SP: all-gather a token slice along dim 0 into the full tensor.
+Tensor gather_tokens(const ModuleContext& ctx, const Tensor& local);
+
+// Row-parallel output: sum the ranks' partial outputs (all-reduce), or under SP
+// reduce-scatter along dim 0 (each rank gets its token slice of the sum).
+Tensor reduce_row_output(const ModuleContext& ctx, Tensor partial, bool sequence_parallel);
+
+// Column-parallel input gradient: sum the ranks' partial dx (all-reduce), or under SP
+// reduce-scatter along dim 0.
+Tensor reduce_column_dgrad(const ModuleContext& ctx, Tensor partial, bool sequence_parallel);
+
+// SP: a replicated parameter's gradient computed from a token slice is a partial sum;
+// all-reduce it in place.
+enum class ReplicatedGrad { kNorm, kRowBias };
+void reduce_replicated_grad(const ModuleContext& ctx, Tensor& grad, ReplicatedGrad which);
+
+// make_parameter, but the values of rank `source_rank`'s shard (make_parameter uses
+// ctx.rank()). The mutated parameter bugs use this; `shard` still says where the
+// parameter *should* come from, so the checker reassembles it as the correct layout.
+Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name,
+                                   Shape global_shape, ShardSpec shard, const FillSpec& fill,
+                                   DType dtype, bool fuse_wgrad_accumulation, int source_rank);
+
+}  // namespace tpcheck
