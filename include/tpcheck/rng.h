@@ -1,8 +1,8 @@
 // tpcheck/rng.h — counter-based random numbers keyed by (seed, name, global index).
 //
 // Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
-// The key is (seed, 64-bit FNV-1a hash of the tensor name); the counter is the element's
-// *global* row-major flat index. So the value of an element depends only on
+// The key is the 64-bit seed; the 128-bit counter is (the element's *global* row-major
+// flat index, the 64-bit FNV-1a hash of the tensor name). So the value of an element depends only on
 // (seed, name, global index): a shard generated from its global indices equals the same
 // slice of the full tensor bit for bit, with no copying and no communication.
 // Thread safety: pure functions.
