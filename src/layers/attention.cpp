@@ -1,0 +1,361 @@
+// attention.cpp — MultiheadAttention (include/tpcheck/layers/attention.h): the QKV head
+// split, the attention core and the wiring of the generic layers around it.
+//
+// Buffers (T = s·b tokens, s outer; hl = heads/N, gl = g/N local heads and groups,
+// hg = heads/g query heads per group, d = head dim):
+//   x, dx       [s, b, hidden]       (SP: [s/N, b, hidden])
+//   qkv         [s, b, gl·(hg+2)·d]  fused interleaved: per group hg query heads, k, v
+//               [s, b, hl·d + 2·gl·d] fused, not interleaved: [q | k | v]
+//   q, dq       [s, b, hl, d];  k, v, dk, dv [s, b, gl, d]
+//   o, do       [s, b, hl, d] → viewed [s, b, hl·d] as the projection's features slice
+// Thread safety: a layer object belongs to one rank.
+#include "tpcheck/layers/attention.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "layers/json_options.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+std::string_view attn_mask_type_name(AttnMaskType t) {
+  return t == AttnMaskType::kCausal ? "causal" : "no_mask";
+}
+
+AttnMaskType parse_attn_mask_type(std::string_view name) {
+  if (name == "causal") return AttnMaskType::kCausal;
+  if (name == "no_mask") return AttnMaskType::kNoMask;
+  TPCHECK_CHECK_INPUT(false, "unknown attention mask type '{}'; expected 'causal' or 'no_mask'",
+                      name);
+  return AttnMaskType::kCausal;  // unreachable
+}
+
+namespace {
+
+// window_size is a [left, right] pair, which OptionReader has no reader for: it is read
+// here and removed from the copy the reader checks.
+nlohmann::json take_window(const nlohmann::json& j, std::string_view layer, std::int64_t& left,
+                           std::int64_t& right) {
+  if (!j.is_object() || !j.contains("window_size")) return j;
+  const nlohmann::json& w = j.at("window_size");
+  TPCHECK_CHECK_INPUT(w.is_array() && w.size() == 2 && w[0].is_number_integer() &&
+                          w[1].is_number_integer(),
+                      "{} option window_size: expected [left, right] integers (-1: unbounded), "
+                      "got {}",
+                      layer, w.dump());
+  left = w[0].get<std::int64_t>();
+  right = w[1].get<std::int64_t>();
+  nlohmann::json rest = j;
+  rest.erase("window_size");
+  return rest;
+}
+
+}  // namespace
+
+MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohmann::json& j) {
+  Options o;
+  const nlohmann::json rest = take_window(j, "MultiheadAttention", o.window_left, o.window_right);
+  OptionReader r(rest, "MultiheadAttention");
+  o.hidden_size = r.get_size("hidden_size", true);
+  o.num_attention_heads = r.get_size("num_attention_heads", true);
+  o.num_gqa_groups = r.get_size("num_gqa_groups", false);
+  const std::vector<std::string_view> masks = {"causal", "no_mask"};
+  o.attn_mask_type = parse_attn_mask_type(r.get_choice(
+      "attn_mask_type", r.get_choice("self_attn_mask_type", "causal", masks), masks));
+  o.input_layernorm = r.get_bool("input_layernorm", o.input_layernorm);
+  o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
+  o.normalization = r.get_normalization(o.normalization);
+  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.eps = r.get_positive_double("eps", o.eps);
+  o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
+  o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
+  o.bias = r.get_bool("bias", o.bias);
+  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.output_layer_init_method =
+      r.get_init_method("output_layer_init_method", o.output_layer_init_method);
+  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
+  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  r.finish();
+  o.validate(1);
+  return o;
+}
+
+void MultiheadAttention::Options::validate(int tp_size) const {
+  TPCHECK_CHECK_INPUT(hidden_size > 0, "hidden_size must be positive, got {}", hidden_size);
+  TPCHECK_CHECK_INPUT(num_attention_heads > 0, "num_attention_heads must be positive, got {}",
+                      num_attention_heads);
+  TPCHECK_CHECK_INPUT(hidden_size % num_attention_heads == 0,
+                      "num_attention_heads {} must divide hidden_size {}", num_attention_heads,
+                      hidden_size);
+  TPCHECK_CHECK_INPUT(num_gqa_groups >= 0,
+                      "num_gqa_groups must be positive (or 0 for one per head), got {}",
+                      num_gqa_groups);
+  TPCHECK_CHECK_INPUT(num_attention_heads % groups() == 0,
+                      "num_gqa_groups {} must divide num_attention_heads {}", groups(),
+                      num_attention_heads);
+  TPCHECK_CHECK_INPUT(window_left >= -1 && window_right >= -1,
+                      "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})",
+                      window_left, window_right);
+  TPCHECK_CHECK_INPUT(eps > 0, "eps must be positive, got {}", eps);
+  TPCHECK_CHECK_INPUT(num_attention_heads % tp_size == 0,
+                      "num_attention_heads {} is not divisible by the tensor-parallel size {}; "
+                      "expected a multiple of {}",
+                      num_attention_heads, tp_size, tp_size);
+  TPCHECK_CHECK_INPUT(groups() % tp_size == 0,
+                      "num_gqa_groups {} is not divisible by the tensor-parallel size {}; "
+                      "expected a multiple of {}",
+                      groups(), tp_size, tp_size);
+}
+
+namespace {
+
+Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t out,
+                              std::string site) {
+  Linear::Options l;
+  l.in_features = o.hidden_size;
+  l.out_features = out;
+  l.bias = o.bias;
+  l.parallel_mode = ParallelMode::kColumn;
+  l.sequence_parallel = o.sequence_parallel;
+  l.init_method = o.init_method;
+  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  l.params_dtype = o.params_dtype;
+  l.site = std::move(site);
+  return l;
+}
+
+}  // namespace
+
+MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
+                                       const ModuleContext& ctx)
+    : options_(std::move(options)), ctx_(ctx), prefix_(std::move(prefix)) {
+  const Options& o = options_;
+  o.validate(ctx_.tp_size());
+  const std::int64_t d = o.head_dim(), heads = o.num_attention_heads, g = o.groups();
+  local_heads_ = heads / ctx_.tp_size();
+  local_groups_ = g / ctx_.tp_size();
+  const std::string qkv_prefix = prefix_ + (o.input_layernorm ? "layernorm_qkv." : "qkv.");
+
+  if (o.fuse_qkv_params) {
+    Linear::Options l = column_linear(o, (heads + 2 * g) * d, "attn.qkv");
+    // Interleaved: whole groups are contiguous, so one block; otherwise Q, K, V are
+    // sharded separately.
+    if (!o.qkv_weight_interleaved) l.weight_blocks = {heads * d, g * d, g * d};
+    if (o.input_layernorm) {
+      LayerNormLinear::Options n;
+      n.in_features = l.in_features;
+      n.out_features = l.out_features;
+      n.normalization = o.normalization;
+      n.zero_centered_gamma = o.zero_centered_gamma;
+      n.eps = o.eps;
+      n.return_layernorm_output = o.return_layernorm_output;
+      n.bias = l.bias;
+      n.parallel_mode = l.parallel_mode;
+      n.sequence_parallel = l.sequence_parallel;
+      n.init_method = l.init_method;
+      n.fuse_wgrad_accumulation = l.fuse_wgrad_accumulation;
+      n.params_dtype = l.params_dtype;
+      n.site = l.site;
+      n.weight_blocks = l.weight_blocks;
+      fused_ln_ = std::make_unique<LayerNormLinear>(qkv_prefix, n, ctx_);
+    } else {
+      fused_ = std::make_unique<Linear>(qkv_prefix, l, ctx_);
+    }
+  } else {
+    if (o.input_layernorm) {
+      LayerNorm::Options n;
+      n.hidden_size = o.hidden_size;
+      n.normalization = o.normalization;
+      n.eps = o.eps;
+      n.zero_centered_gamma = o.zero_centered_gamma;
+      n.sequence_parallel = o.sequence_parallel;
+      n.params_dtype = o.params_dtype;
+      norm_ = std::make_unique<LayerNorm>(qkv_prefix + "layer_norm_", n, ctx_);
+    }
+    query_ = std::make_unique<Linear>(qkv_prefix + "query_",
+                                      column_linear(o, heads * d, "attn.query"), ctx_);
+    key_ = std::make_unique<Linear>(qkv_prefix + "key_", column_linear(o, g * d, "attn.key"),
+                                    ctx_);
+    value_ = std::make_unique<Linear>(qkv_prefix + "value_",
+                                      column_linear(o, g * d, "attn.value"), ctx_);
+  }
+
+  Linear::Options p;
+  p.in_features = heads * d;
+  p.out_features = o.hidden_size;
+  p.bias = o.bias;
+  p.return_bias = true;
+  p.parallel_mode = ParallelMode::kRow;
+  p.sequence_parallel = o.sequence_parallel;
+  p.init_method = o.output_layer_init_method;
+  p.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  p.params_dtype = o.params_dtype;
+  p.site = "attn.proj";
+  proj_ = std::make_unique<Linear>(prefix_ + "proj.", p, ctx_);
+}
+
+MultiheadAttention::~MultiheadAttention() = default;
+MultiheadAttention::MultiheadAttention(MultiheadAttention&&) noexcept = default;
+
+double MultiheadAttention::softmax_scale() const {
+  if (ctx_.mutated(Mutation::kAttentionScaleLocal)) {
+    // The bug: the head dimension computed as hidden / (local heads).
+    return 1.0 / std::sqrt(static_cast<double>(options_.hidden_size) /
+                           static_cast<double>(local_heads_));
+  }
+  return 1.0 / std::sqrt(static_cast<double>(options_.head_dim()));
+}
+
+AttentionMask MultiheadAttention::mask() const {
+  AttentionMask m;
+  if (options_.attn_mask_type == AttnMaskType::kCausal) {
+    // TransformerEngine's rule: with a causal mask the right bound is 0.
+    m.type = AttentionMask::Type::kCausal;
+    m.window_left = options_.window_left;
+    m.window_right = 0;
+  } else if (options_.window_left >= 0 || options_.window_right >= 0) {
+    m.type = AttentionMask::Type::kSlidingWindow;
+    m.window_left = options_.window_left;
+    m.window_right = options_.window_right;
+  } else {
+    m.type = AttentionMask::Type::kNoMask;
+  }
+  return m;
+}
+
+ShardSpec MultiheadAttention::input_layout() const {
+  return options_.sequence_parallel && ctx_.tp_size() > 1 ? ShardSpec::along(0)
+                                                          : ShardSpec::replicated();
+}
+
+OutputLayout MultiheadAttention::output_layout() const {
+  return OutputLayout{input_layout(), ShardSpec::replicated(), input_layout()};
+}
+
+std::vector<Parameter*> MultiheadAttention::parameters() {
+  std::vector<Parameter*> out;
+  auto append = [&out](std::vector<Parameter*> ps) { out.insert(out.end(), ps.begin(), ps.end()); };
+  if (fused_ln_) append(fused_ln_->parameters());
+  if (fused_) append(fused_->parameters());
+  if (query_) {
+    if (norm_) append(norm_->parameters());
+    // Documented order: the three weights, then the three biases.
+    out.push_back(&query_->weight());
+    out.push_back(&key_->weight());
+    out.push_back(&value_->weight());
+    for (Linear* l : {query_.get(), key_.get(), value_.get()}) {
+      if (Parameter* b = l->bias_parameter()) out.push_back(b);
+    }
+  }
+  append(proj_->parameters());
+  return out;
+}
+
+LayerOutputs MultiheadAttention::forward(const Tensor& x, Saved& saved) {
+  const Options& o = options_;
+  TPCHECK_CHECK_INPUT(x.rank() == 3 && x.dim(2) == o.hidden_size,
+                      "MultiheadAttention: input must be [s, b, {}], got {}", o.hidden_size,
+                      x.describe());
+  const std::int64_t sp = input_layout().is_replicated() ? 1 : ctx_.tp_size();
+  const std::int64_t s = x.dim(0) * sp, b = x.dim(1), d = o.head_dim();
+  const std::int64_t hl = local_heads_, gl = local_groups_, hg = hl / gl;
+  TPCHECK_CHECK_INPUT(o.window_left < s && o.window_right < s,
+                      "window_size ({}, {}) has a bound not smaller than the sequence length {}; "
+                      "expected bounds < {} (or -1 for unbounded)",
+                      o.window_left, o.window_right, s, s);
+  saved.seq = s;
+
+  LayerOutputs out;
+  if (o.fuse_qkv_params) {
+    LayerOutputs qkv;
+    if (fused_ln_) {
+      qkv = fused_ln_->forward(x, saved.fused_ln);
+      out.layernorm_output = qkv.layernorm_output;
+    } else {
+      qkv = fused_->forward(x, saved.fused);
+    }
+    TPCHECK_CHECK(qkv.output.numel() == s * b * (hl + 2 * gl) * d,
+                  "fused QKV output {} has an unexpected size", qkv.output.describe());
+    if (o.qkv_weight_interleaved) {
+      const Tensor t = qkv.output.reshape({s * b, gl, hg + 2, d});
+      saved.q = t.slice(2, 0, hg).reshape({s, b, hl, d});
+      saved.k = t.slice(2, hg, 1).reshape({s, b, gl, d});
+      saved.v = t.slice(2, hg + 1, 1).reshape({s, b, gl, d});
+    } else {
+      const Tensor t = qkv.output.reshape({s * b, (hl + 2 * gl) * d});
+      saved.q = t.slice(1, 0, hl * d).reshape({s, b, hl, d});
+      saved.k = t.slice(1, hl * d, gl * d).reshape({s, b, gl, d});
+      saved.v = t.slice(1, (hl + gl) * d, gl * d).reshape({s, b, gl, d});
+    }
+  } else {
+    Tensor ln = x;
+    if (norm_) {
+      ln = norm_->forward(x, saved.norm).output;
+      if (o.return_layernorm_output) out.layernorm_output = ln;
+    }
+    saved.q = query_->forward(ln, saved.query).output.reshape({s, b, hl, d});
+    saved.k = key_->forward(ln, saved.key).output.reshape({s, b, gl, d});
+    saved.v = value_->forward(ln, saved.value).output.reshape({s, b, gl, d});
+  }
+
+  saved.attention =
+      ctx_.backend->attention_forward(saved.q, saved.k, saved.v, mask(), softmax_scale());
+  LayerOutputs proj = proj_->forward(saved.attention.out.reshape({s, b, hl * d}), saved.proj);
+  out.output = proj.output;
+  out.bias = proj.bias;
+  return out;
+}
+
+Tensor MultiheadAttention::backward(const OutputGrads& grads, Saved& saved) {
+  const Options& o = options_;
+  const std::int64_t s = saved.seq, d = o.head_dim();
+  const std::int64_t hl = local_heads_, gl = local_groups_, hg = hl / gl;
+  const std::int64_t b = saved.q.dim(1);
+
+  OutputGrads proj_grads;
+  proj_grads.output = grads.output;
+  proj_grads.bias = grads.bias;
+  const Tensor d_o = proj_->backward(proj_grads, saved.proj).reshape({s, b, hl, d});
+  const AttentionGrads g = ctx_.backend->attention_backward(
+      d_o, saved.q, saved.k, saved.v, saved.attention, mask(), softmax_scale());
+
+  if (o.fuse_qkv_params) {
+    Tensor dqkv;
+    if (o.qkv_weight_interleaved) {
+      dqkv = Tensor({s * b, gl, hg + 2, d}, g.dq.dtype());
+      dqkv.write_slice(2, 0, g.dq.reshape({s * b, gl, hg, d}));
+      dqkv.write_slice(2, hg, g.dk.reshape({s * b, gl, 1, d}));
+      dqkv.write_slice(2, hg + 1, g.dv.reshape({s * b, gl, 1, d}));
+    } else {
+      dqkv = Tensor::cat({g.dq.reshape({s * b, hl * d}), g.dk.reshape({s * b, gl * d}),
+                          g.dv.reshape({s * b, gl * d})},
+                         1);
+    }
+    OutputGrads qkv_grads;
+    qkv_grads.output = dqkv.reshape({s, b, (hl + 2 * gl) * d});
+    if (fused_ln_) {
+      qkv_grads.layernorm_output = grads.layernorm_output;
+      return fused_ln_->backward(qkv_grads, saved.fused_ln);
+    }
+    return fused_->backward(qkv_grads, saved.fused);
+  }
+
+  // Separate projections: d ln = Σ of the three dgrads (each already reduced across the
+  // group by its Linear) + the layernorm_output gradient.
+  OutputGrads gq, gk, gv;
+  gq.output = g.dq.reshape({s, b, hl * d});
+  gk.output = g.dk.reshape({s, b, gl * d});
+  gv.output = g.dv.reshape({s, b, gl * d});
+  Tensor dln = query_->backward(gq, saved.query);
+  ctx_.backend->accumulate(dln, key_->backward(gk, saved.key));
+  ctx_.backend->accumulate(dln, value_->backward(gv, saved.value));
+  if (!norm_) return dln;
+  if (grads.layernorm_output.defined()) ctx_.backend->accumulate(dln, grads.layernorm_output);
+  OutputGrads norm_grads;
+  norm_grads.output = dln;
+  return norm_->backward(norm_grads, saved.norm);
+}
+
+}  // namespace tpcheck
