@@ -1,0 +1,236 @@
+// transformer_layer.cpp — TransformerLayer (include/tpcheck/layers/transformer_layer.h):
+// the residual wiring around MultiheadAttention and LayerNormMLP, forward and backward.
+//
+// Backward, not parallel (dy the output gradient, after the output norm's backward):
+//   d m = dy, d m_b = Σ_rows dy, d ln_m = dy (post-LN residual) → dh = mlp' + (dy if r2 = h)
+//   d a = dh, d a_b = Σ_rows dh, d ln_a = dh (post-LN residual) → dx = attn' + (dh if r1 = x)
+// Parallel: dy feeds both branches and the residual: dx = dy + attn' + mlp'.
+// Thread safety: a layer object belongs to one rank.
+#include "tpcheck/layers/transformer_layer.h"
+
+#include <nlohmann/json.hpp>
+
+#include "layers/json_options.h"
+#include "layers/tp_ops.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::json& j) {
+  Options o;
+  // window_size is a pair, which OptionReader cannot read: take it out first.
+  nlohmann::json rest = j;
+  if (j.is_object() && j.contains("window_size")) {
+    const nlohmann::json& w = j.at("window_size");
+    TPCHECK_CHECK_INPUT(w.is_array() && w.size() == 2 && w[0].is_number_integer() &&
+                            w[1].is_number_integer(),
+                        "TransformerLayer option window_size: expected [left, right] integers "
+                        "(-1: unbounded), got {}",
+                        w.dump());
+    o.window_left = w[0].get<std::int64_t>();
+    o.window_right = w[1].get<std::int64_t>();
+    rest.erase("window_size");
+  }
+  OptionReader r(rest, "TransformerLayer");
+  o.hidden_size = r.get_size("hidden_size", true);
+  o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
+  o.num_attention_heads = r.get_size("num_attention_heads", true);
+  o.num_gqa_groups = r.get_size("num_gqa_groups", false);
+  o.self_attn_mask_type = parse_attn_mask_type(
+      r.get_choice("self_attn_mask_type", "causal", {"causal", "no_mask"}));
+  o.apply_residual_connection_post_layernorm = r.get_bool(
+      "apply_residual_connection_post_layernorm", o.apply_residual_connection_post_layernorm);
+  o.output_layernorm = r.get_bool("output_layernorm", o.output_layernorm);
+  o.parallel_attention_mlp = r.get_bool("parallel_attention_mlp", o.parallel_attention_mlp);
+  o.normalization = r.get_normalization(o.normalization);
+  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.eps = r.get_positive_double("eps", o.eps);
+  o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
+  o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
+  o.bias = r.get_bool("bias", o.bias);
+  o.activation = r.get_activation(o.activation);
+  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.output_layer_init_method =
+      r.get_init_method("output_layer_init_method", o.output_layer_init_method);
+  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
+  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  r.finish();
+  o.attention().validate(1);
+  return o;
+}
+
+MultiheadAttention::Options TransformerLayer::Options::attention() const {
+  MultiheadAttention::Options a;
+  a.hidden_size = hidden_size;
+  a.num_attention_heads = num_attention_heads;
+  a.num_gqa_groups = num_gqa_groups;
+  a.attn_mask_type = self_attn_mask_type;
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.input_layernorm = !output_layernorm;
+  // ln_a is the first residual only in the sequential arrangement with an input norm.
+  a.return_layernorm_output =
+      apply_residual_connection_post_layernorm && !output_layernorm && !parallel_attention_mlp;
+  a.normalization = normalization;
+  a.zero_centered_gamma = zero_centered_gamma;
+  a.eps = eps;
+  a.fuse_qkv_params = fuse_qkv_params;
+  a.qkv_weight_interleaved = qkv_weight_interleaved;
+  a.bias = bias;
+  a.init_method = init_method;
+  a.output_layer_init_method = output_layer_init_method;
+  a.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
+  a.sequence_parallel = sequence_parallel;
+  a.params_dtype = params_dtype;
+  return a;
+}
+
+LayerNormMLP::Options TransformerLayer::Options::mlp() const {
+  LayerNormMLP::Options m;
+  m.hidden_size = hidden_size;
+  m.ffn_hidden_size = ffn_hidden_size;
+  m.activation = activation;
+  m.normalization = normalization;
+  m.zero_centered_gamma = zero_centered_gamma;
+  m.eps = eps;
+  m.bias = bias;
+  m.return_bias = true;  // added here, with the residual
+  m.return_layernorm_output = apply_residual_connection_post_layernorm && !parallel_attention_mlp;
+  m.init_method = init_method;
+  m.output_layer_init_method = output_layer_init_method;
+  m.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
+  m.sequence_parallel = sequence_parallel;
+  m.params_dtype = params_dtype;
+  m.site = "mlp";
+  return m;
+}
+
+namespace {
+
+LayerNorm::Options output_norm_options(const TransformerLayer::Options& o) {
+  LayerNorm::Options n;
+  n.hidden_size = o.hidden_size;
+  n.normalization = o.normalization;
+  n.eps = o.eps;
+  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.sequence_parallel = o.sequence_parallel;
+  n.params_dtype = o.params_dtype;
+  return n;
+}
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(std::string prefix, Options options, const ModuleContext& ctx)
+    : options_(std::move(options)),
+      ctx_(ctx),
+      attention_(prefix + "self_attention.", options_.attention(), ctx),
+      mlp_(prefix + "layernorm_mlp.", options_.mlp(), ctx) {
+  if (options_.output_layernorm) {
+    output_norm_ =
+        std::make_unique<LayerNorm>(prefix + "layernorm.", output_norm_options(options_), ctx_);
+  }
+}
+
+ShardSpec TransformerLayer::input_layout() const { return attention_.input_layout(); }
+
+OutputLayout TransformerLayer::output_layout() const {
+  return OutputLayout{input_layout(), ShardSpec::replicated(), ShardSpec::replicated()};
+}
+
+std::vector<Parameter*> TransformerLayer::parameters() {
+  std::vector<Parameter*> out = attention_.parameters();
+  for (Parameter* p : mlp_.parameters()) out.push_back(p);
+  if (output_norm_) {
+    for (Parameter* p : output_norm_->parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+Tensor TransformerLayer::combine(const Tensor& out, const Tensor& bias, const Tensor& residual) {
+  Backend& be = *ctx_.backend;
+  if (ctx_.mutated(Mutation::kResidualBeforeReduce)) {
+    // The bug: each rank added the (whole, SP: gathered) residual to its partial sum, so
+    // the reduction carries Σ_ranks residual = N copies of it.
+    Tensor sum = options_.sequence_parallel
+                     ? ctx_.comm->reduce_scatter(ctx_.comm->all_gather(residual, 0), 0)
+                     : residual.clone();
+    if (!options_.sequence_parallel) ctx_.comm->all_reduce(sum);
+    Tensor y = be.add(out, sum);
+    if (bias.defined()) be.add_bias(y, bias);
+    return y;
+  }
+  Tensor y = out.clone();
+  if (bias.defined()) be.add_bias(y, bias);
+  return be.add(y, residual);
+}
+
+Tensor TransformerLayer::bias_output_grad(const Tensor& dy) {
+  Tensor g = Tensor::zeros({options_.hidden_size}, dy.dtype());
+  ctx_.backend->accumulate_bias_grad(dy, g);
+  if (options_.sequence_parallel) reduce_replicated_grad(ctx_, g, ReplicatedGrad::kRowBias);
+  return g;
+}
+
+LayerOutputs TransformerLayer::forward(const Tensor& x, Saved& saved) {
+  const Options& o = options_;
+  Backend& be = *ctx_.backend;
+  const LayerOutputs a = attention_.forward(x, saved.attention);
+  Tensor y;
+  if (o.parallel_attention_mlp) {
+    const LayerOutputs m = mlp_.forward(x, saved.mlp);
+    Tensor mb = m.output.clone();
+    if (m.bias.defined()) be.add_bias(mb, m.bias);
+    y = be.add(combine(a.output, a.bias, x), mb);  // x + (a + a_b), then + (m + m_b)
+  } else {
+    saved.residual_is_ln_a = a.layernorm_output.defined();
+    const Tensor& r1 = saved.residual_is_ln_a ? a.layernorm_output : x;
+    const Tensor h = combine(a.output, a.bias, r1);
+    const LayerOutputs m = mlp_.forward(h, saved.mlp);
+    const Tensor& r2 = o.apply_residual_connection_post_layernorm ? m.layernorm_output : h;
+    TPCHECK_CHECK(r2.defined(), "TransformerLayer: the MLP did not return its layernorm output");
+    y = combine(m.output, m.bias, r2);
+  }
+  if (output_norm_) y = output_norm_->forward(y, saved.output_norm).output;
+  LayerOutputs out;
+  out.output = y;
+  return out;
+}
+
+Tensor TransformerLayer::backward(const OutputGrads& grads, Saved& saved) {
+  const Options& o = options_;
+  Backend& be = *ctx_.backend;
+  TPCHECK_CHECK(grads.output.defined(), "TransformerLayer: backward needs the output gradient");
+  Tensor dy = grads.output;
+  if (output_norm_) {
+    OutputGrads g;
+    g.output = dy;
+    dy = output_norm_->backward(g, saved.output_norm);
+  }
+
+  if (o.parallel_attention_mlp) {
+    OutputGrads g;
+    g.output = dy;
+    if (o.bias) g.bias = bias_output_grad(dy);
+    Tensor dx = be.add(dy, attention_.backward(g, saved.attention));
+    be.accumulate(dx, mlp_.backward(g, saved.mlp));
+    return dx;
+  }
+
+  OutputGrads gm;
+  gm.output = dy;
+  if (o.bias) gm.bias = bias_output_grad(dy);
+  if (o.apply_residual_connection_post_layernorm) gm.layernorm_output = dy;
+  Tensor dh = mlp_.backward(gm, saved.mlp);
+  if (!o.apply_residual_connection_post_layernorm) be.accumulate(dh, dy);
+
+  OutputGrads ga;
+  ga.output = dh;
+  if (o.bias) ga.bias = bias_output_grad(dh);
+  if (saved.residual_is_ln_a) ga.layernorm_output = dh;
+  Tensor dx = attention_.backward(ga, saved.attention);
+  if (!saved.residual_is_ln_a) be.accumulate(dx, dh);
+  return dx;
+}
+
+}  // namespace tpcheck
