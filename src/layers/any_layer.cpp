@@ -4,10 +4,12 @@
 #include "tpcheck/layers/any_layer.h"
 
 #include "tpcheck/error.h"
+#include "tpcheck/layers/attention.h"
 #include "tpcheck/layers/layernorm.h"
 #include "tpcheck/layers/layernorm_linear.h"
 #include "tpcheck/layers/layernorm_mlp.h"
 #include "tpcheck/layers/linear.h"
+#include "tpcheck/layers/transformer_layer.h"
 
 namespace tpcheck {
 namespace {
@@ -57,7 +59,8 @@ LayerNorm::Options norm_options(const LayerSpec& spec, NormKind kind) {
 
 const std::vector<std::string>& layer_kinds() {
   static const std::vector<std::string> kKinds = {"Linear", "LayerNorm", "RMSNorm",
-                                                  "LayerNormLinear", "LayerNormMLP"};
+                                                  "LayerNormLinear", "LayerNormMLP",
+                                                  "MultiheadAttention", "TransformerLayer"};
   return kKinds;
 }
 
@@ -70,6 +73,10 @@ std::unique_ptr<AnyLayer> make_layer(const LayerSpec& spec, const ModuleContext&
     return adapt<LayerNormLinear>(LayerNormLinear::Options::from_json(spec.options), ctx);
   if (k == "LayerNormMLP")
     return adapt<LayerNormMLP>(LayerNormMLP::Options::from_json(spec.options), ctx);
+  if (k == "MultiheadAttention")
+    return adapt<MultiheadAttention>(MultiheadAttention::Options::from_json(spec.options), ctx);
+  if (k == "TransformerLayer")
+    return adapt<TransformerLayer>(TransformerLayer::Options::from_json(spec.options), ctx);
   std::string kinds;
   for (const std::string& name : layer_kinds()) kinds += (kinds.empty() ? "" : ", ") + name;
   TPCHECK_CHECK_INPUT(false, "unknown layer kind '{}'; expected one of: {}", k, kinds);
