@@ -39,11 +39,11 @@ nlohmann::json take_window(const nlohmann::json& j, std::string_view layer, std:
                            std::int64_t& right) {
   if (!j.is_object() || !j.contains("window_size")) return j;
   const nlohmann::json& w = j.at("window_size");
-  TPCHECK_CHECK_INPUT(w.is_array() && w.size() == 2 && w[0].is_number_integer() &&
-                          w[1].is_number_integer(),
-                      "{} option window_size: expected [left, right] integers (-1: unbounded), "
-                      "got {}",
-                      layer, w.dump());
+  TPCHECK_CHECK_INPUT(
+      w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
+      "{} option window_size: expected [left, right] integers (-1: unbounded), "
+      "got {}",
+      layer, w.dump());
   left = w[0].get<std::int64_t>();
   right = w[1].get<std::int64_t>();
   nlohmann::json rest = j;
@@ -61,8 +61,8 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.num_attention_heads = r.get_size("num_attention_heads", true);
   o.num_gqa_groups = r.get_size("num_gqa_groups", false);
   const std::vector<std::string_view> masks = {"causal", "no_mask"};
-  o.attn_mask_type = parse_attn_mask_type(r.get_choice(
-      "attn_mask_type", r.get_choice("self_attn_mask_type", "causal", masks), masks));
+  o.attn_mask_type = parse_attn_mask_type(
+      r.get_choice("attn_mask_type", r.get_choice("self_attn_mask_type", "causal", masks), masks));
   o.input_layernorm = r.get_bool("input_layernorm", o.input_layernorm);
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
   o.normalization = r.get_normalization(o.normalization);
@@ -96,8 +96,8 @@ void MultiheadAttention::Options::validate(int tp_size) const {
                       "num_gqa_groups {} must divide num_attention_heads {}", groups(),
                       num_attention_heads);
   TPCHECK_CHECK_INPUT(window_left >= -1 && window_right >= -1,
-                      "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})",
-                      window_left, window_right);
+                      "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})", window_left,
+                      window_right);
   TPCHECK_CHECK_INPUT(eps > 0, "eps must be positive, got {}", eps);
   TPCHECK_CHECK_INPUT(num_attention_heads % tp_size == 0,
                       "num_attention_heads {} is not divisible by the tensor-parallel size {}; "
@@ -176,10 +176,9 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     }
     query_ = std::make_unique<Linear>(qkv_prefix + "query_",
                                       column_linear(o, heads * d, "attn.query"), ctx_);
-    key_ = std::make_unique<Linear>(qkv_prefix + "key_", column_linear(o, g * d, "attn.key"),
-                                    ctx_);
-    value_ = std::make_unique<Linear>(qkv_prefix + "value_",
-                                      column_linear(o, g * d, "attn.value"), ctx_);
+    key_ = std::make_unique<Linear>(qkv_prefix + "key_", column_linear(o, g * d, "attn.key"), ctx_);
+    value_ = std::make_unique<Linear>(qkv_prefix + "value_", column_linear(o, g * d, "attn.value"),
+                                      ctx_);
   }
 
   Linear::Options p;
@@ -202,8 +201,8 @@ MultiheadAttention::MultiheadAttention(MultiheadAttention&&) noexcept = default;
 double MultiheadAttention::softmax_scale() const {
   if (ctx_.mutated(Mutation::kAttentionScaleLocal)) {
     // The bug: the head dimension computed as hidden / (local heads).
-    return 1.0 / std::sqrt(static_cast<double>(options_.hidden_size) /
-                           static_cast<double>(local_heads_));
+    return 1.0 /
+           std::sqrt(static_cast<double>(options_.hidden_size) / static_cast<double>(local_heads_));
   }
   return 1.0 / std::sqrt(static_cast<double>(options_.head_dim()));
 }

@@ -22,11 +22,11 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
   nlohmann::json rest = j;
   if (j.is_object() && j.contains("window_size")) {
     const nlohmann::json& w = j.at("window_size");
-    TPCHECK_CHECK_INPUT(w.is_array() && w.size() == 2 && w[0].is_number_integer() &&
-                            w[1].is_number_integer(),
-                        "TransformerLayer option window_size: expected [left, right] integers "
-                        "(-1: unbounded), got {}",
-                        w.dump());
+    TPCHECK_CHECK_INPUT(
+        w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
+        "TransformerLayer option window_size: expected [left, right] integers "
+        "(-1: unbounded), got {}",
+        w.dump());
     o.window_left = w[0].get<std::int64_t>();
     o.window_right = w[1].get<std::int64_t>();
     rest.erase("window_size");
@@ -36,8 +36,8 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
   o.num_attention_heads = r.get_size("num_attention_heads", true);
   o.num_gqa_groups = r.get_size("num_gqa_groups", false);
-  o.self_attn_mask_type = parse_attn_mask_type(
-      r.get_choice("self_attn_mask_type", "causal", {"causal", "no_mask"}));
+  o.self_attn_mask_type =
+      parse_attn_mask_type(r.get_choice("self_attn_mask_type", "causal", {"causal", "no_mask"}));
   o.apply_residual_connection_post_layernorm = r.get_bool(
       "apply_residual_connection_post_layernorm", o.apply_residual_connection_post_layernorm);
   o.output_layernorm = r.get_bool("output_layernorm", o.output_layernorm);

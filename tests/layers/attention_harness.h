@@ -137,8 +137,8 @@ TpRun run_tp(const typename Layer::Options& options, int world, Mutation mutatio
       if (!out_layout.layernorm_output.is_replicated()) {
         ln_shape[out_layout.layernorm_output.dim] *= world;
       }
-      grads.layernorm_output = take_shard(random_f64(ln_shape, "tp.wl"),
-                                          out_layout.layernorm_output, r, world);
+      grads.layernorm_output =
+          take_shard(random_f64(ln_shape, "tp.wl"), out_layout.layernorm_output, r, world);
     }
     RankResult& mine = ranks[r];
     mine.dx = layer.backward(grads, saved);

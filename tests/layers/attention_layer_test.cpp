@@ -2,9 +2,9 @@
 // (f64), tensor/sequence-parallel equivalence with the N = 1 run, the attention-scale
 // mutation, and bad input.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -185,7 +185,8 @@ std::string error_message(const std::function<void()>& f, ErrorKind kind = Error
 }
 
 void expect_contains(const std::string& message, const std::string& part) {
-  EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nexpected: " << part;
+  EXPECT_NE(message.find(part), std::string::npos)
+      << "message: " << message << "\nexpected: " << part;
 }
 
 void construct(const Options& o, int world = 1) {
@@ -200,20 +201,19 @@ TEST(MultiheadAttention, RejectsInconsistentSizes) {
   Options o = base();
   o.num_attention_heads = 3;
   expect_contains(error_message([&] { construct(o); }),
-              ("num_attention_heads 3 must divide hidden_size 16"));
+                  ("num_attention_heads 3 must divide hidden_size 16"));
   o = base();
   o.num_gqa_groups = 3;
   expect_contains(error_message([&] { construct(o); }),
-              ("num_gqa_groups 3 must divide num_attention_heads 4"));
+                  ("num_gqa_groups 3 must divide num_attention_heads 4"));
   o = base();
   o.num_attention_heads = 2;
   expect_contains(error_message([&] { construct(o, 4); }),
-              (
-                  "num_attention_heads 2 is not divisible by the tensor-parallel size 4"));
+                  ("num_attention_heads 2 is not divisible by the tensor-parallel size 4"));
   o = base();
   o.num_gqa_groups = 2;
   expect_contains(error_message([&] { construct(o, 4); }),
-              ("num_gqa_groups 2 is not divisible by the tensor-parallel size 4"));
+                  ("num_gqa_groups 2 is not divisible by the tensor-parallel size 4"));
 }
 
 TEST(MultiheadAttention, RejectsWindowNotSmallerThanSequence) {
@@ -228,8 +228,8 @@ TEST(MultiheadAttention, RejectsWindowNotSmallerThanSequence) {
   MultiheadAttention::Saved saved;
   const Tensor x = testing::random_f64({6, 2, 16}, "x");
   expect_contains(error_message([&] { layer.forward(x, saved); }),
-              ("window_size (1, 6) has a bound not smaller than the sequence "
-                                   "length 6"));
+                  ("window_size (1, 6) has a bound not smaller than the sequence "
+                   "length 6"));
 }
 
 TEST(MultiheadAttention, OptionsFromJson) {
@@ -254,16 +254,16 @@ TEST(MultiheadAttention, OptionsFromJson) {
     return error_message([&] { Options::from_json(nlohmann::json::parse(text)); });
   };
   expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4, "dropout": 0.1})"),
-              ("unknown option dropout"));
+                  ("unknown option dropout"));
   expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4,
                         "self_attn_mask_type": "padding"})"),
-              ("\"padding\""));
+                  ("\"padding\""));
   expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4, "window_size": 2})"),
-              ("window_size: expected [left, right]"));
+                  ("window_size: expected [left, right]"));
   expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 5})"),
-              ("num_attention_heads 5 must divide hidden_size 16"));
+                  ("num_attention_heads 5 must divide hidden_size 16"));
   expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4, "window_size": [-3, 1]})"),
-              ("window_size bounds must be >= -1"));
+                  ("window_size bounds must be >= -1"));
 }
 
 }  // namespace

@@ -1,16 +1,17 @@
 // transformer_layer_test.cpp — TransformerLayer: gradients against finite differences
 // (f64) for every option of docs/LAYERS.md, tensor/sequence-parallel equivalence with the
 // N = 1 run, the residual-before-reduce and attention-scale mutations, and bad input.
+#include "tpcheck/layers/transformer_layer.h"
+
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "layers/attention_harness.h"
 #include "tpcheck/error.h"
-#include "tpcheck/layers/transformer_layer.h"
 
 namespace tpcheck {
 namespace {
@@ -122,8 +123,7 @@ TEST(TransformerLayer, TensorParallelMatchesSingle) {
 TEST(TransformerLayer, MutationsBreakEquivalence) {
   const std::vector<Variant> arrangements = {
       {"sequential", [](Options&) {}},
-      {"post-LN residual",
-       [](Options& o) { o.apply_residual_connection_post_layernorm = true; }},
+      {"post-LN residual", [](Options& o) { o.apply_residual_connection_post_layernorm = true; }},
       {"parallel_attention_mlp", [](Options& o) { o.parallel_attention_mlp = true; }},
   };
   for (Mutation m : {Mutation::kResidualBeforeReduce, Mutation::kAttentionScaleLocal}) {
@@ -217,15 +217,22 @@ TEST(TransformerLayer, ParameterNamesAndOrder) {
   TransformerLayer layer("", o, ctx);
   std::vector<std::string> names;
   for (Parameter* p : layer.parameters()) names.push_back(p->name + shape_str(p->global_shape));
-  const std::vector<std::string> expected = {
-      "self_attention.qkv.query_weight[16, 16]", "self_attention.qkv.key_weight[8, 16]",
-      "self_attention.qkv.value_weight[8, 16]",  "self_attention.qkv.query_bias[16]",
-      "self_attention.qkv.key_bias[8]",          "self_attention.qkv.value_bias[8]",
-      "self_attention.proj.weight[16, 16]",      "self_attention.proj.bias[16]",
-      "layernorm_mlp.layer_norm_weight[16]",     "layernorm_mlp.layer_norm_bias[16]",
-      "layernorm_mlp.fc1_weight[12, 16]",        "layernorm_mlp.fc1_bias[12]",
-      "layernorm_mlp.fc2_weight[16, 12]",        "layernorm_mlp.fc2_bias[16]",
-      "layernorm.weight[16]",                    "layernorm.bias[16]"};
+  const std::vector<std::string> expected = {"self_attention.qkv.query_weight[16, 16]",
+                                             "self_attention.qkv.key_weight[8, 16]",
+                                             "self_attention.qkv.value_weight[8, 16]",
+                                             "self_attention.qkv.query_bias[16]",
+                                             "self_attention.qkv.key_bias[8]",
+                                             "self_attention.qkv.value_bias[8]",
+                                             "self_attention.proj.weight[16, 16]",
+                                             "self_attention.proj.bias[16]",
+                                             "layernorm_mlp.layer_norm_weight[16]",
+                                             "layernorm_mlp.layer_norm_bias[16]",
+                                             "layernorm_mlp.fc1_weight[12, 16]",
+                                             "layernorm_mlp.fc1_bias[12]",
+                                             "layernorm_mlp.fc2_weight[16, 12]",
+                                             "layernorm_mlp.fc2_bias[16]",
+                                             "layernorm.weight[16]",
+                                             "layernorm.bias[16]"};
   EXPECT_EQ(names, expected);
 
   o = base();

@@ -30,10 +30,9 @@
 // Thread safety: a layer object belongs to one rank.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -45,7 +44,7 @@
 namespace tpcheck {
 
 enum class AttnMaskType { kCausal, kNoMask };
-std::string_view attn_mask_type_name(AttnMaskType t);  // "causal", "no_mask"
+std::string_view attn_mask_type_name(AttnMaskType t);      // "causal", "no_mask"
 AttnMaskType parse_attn_mask_type(std::string_view name);  // throws Error(kInput)
 
 class MultiheadAttention {
@@ -58,7 +57,7 @@ class MultiheadAttention {
     // (left, right); -1 is unbounded. With causal the right bound is 0 (TE's rule).
     std::int64_t window_left = -1;
     std::int64_t window_right = -1;
-    bool input_layernorm = true;  // false under the parent's output_layernorm
+    bool input_layernorm = true;           // false under the parent's output_layernorm
     bool return_layernorm_output = false;  // returns ln (the local slice under SP)
     NormKind normalization = NormKind::kLayerNorm;
     bool zero_centered_gamma = false;
@@ -72,7 +71,9 @@ class MultiheadAttention {
     bool sequence_parallel = false;
     DType params_dtype = DType::kF32;
 
-    std::int64_t groups() const { return num_gqa_groups > 0 ? num_gqa_groups : num_attention_heads; }
+    std::int64_t groups() const {
+      return num_gqa_groups > 0 ? num_gqa_groups : num_attention_heads;
+    }
     std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
 
     // Keys: hidden_size, num_attention_heads, num_gqa_groups, self_attn_mask_type (or TE's
@@ -88,12 +89,12 @@ class MultiheadAttention {
   };
 
   struct Saved {
-    std::int64_t seq = 0;  // full sequence length (after the SP gather)
-    LayerNormLinear::Saved fused_ln;       // fused, with input norm
-    Linear::Saved fused;                   // fused, without input norm
-    LayerNorm::Saved norm;                 // separate, with input norm
-    Linear::Saved query, key, value;       // separate
-    Tensor q, k, v;                        // [s, b, heads/N, d], [s, b, g/N, d] x2
+    std::int64_t seq = 0;             // full sequence length (after the SP gather)
+    LayerNormLinear::Saved fused_ln;  // fused, with input norm
+    Linear::Saved fused;              // fused, without input norm
+    LayerNorm::Saved norm;            // separate, with input norm
+    Linear::Saved query, key, value;  // separate
+    Tensor q, k, v;                   // [s, b, heads/N, d], [s, b, g/N, d] x2
     AttentionForward attention;
     Linear::Saved proj;
   };
