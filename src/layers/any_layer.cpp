@@ -58,9 +58,9 @@ LayerNorm::Options norm_options(const LayerSpec& spec, NormKind kind) {
 }  // namespace
 
 const std::vector<std::string>& layer_kinds() {
-  static const std::vector<std::string> kKinds = {"Linear", "LayerNorm", "RMSNorm",
-                                                  "LayerNormLinear", "LayerNormMLP",
-                                                  "MultiheadAttention", "TransformerLayer"};
+  static const std::vector<std::string> kKinds = {
+      "Linear",       "LayerNorm",          "RMSNorm",         "LayerNormLinear",
+      "LayerNormMLP", "MultiheadAttention", "TransformerLayer"};
   return kKinds;
 }
 

@@ -7,10 +7,9 @@
 
 namespace tpcheck {
 
-OptionReader::OptionReader(const nlohmann::json& j, std::string_view layer)
-    : j_(j), layer_(layer) {
-  TPCHECK_CHECK_INPUT(j.is_object() || j.is_null(),
-                      "{} options: expected a JSON object, got {}", layer_, j.dump());
+OptionReader::OptionReader(const nlohmann::json& j, std::string_view layer) : j_(j), layer_(layer) {
+  TPCHECK_CHECK_INPUT(j.is_object() || j.is_null(), "{} options: expected a JSON object, got {}",
+                      layer_, j.dump());
 }
 
 const nlohmann::json* OptionReader::find(std::string_view key) {
@@ -23,8 +22,8 @@ const nlohmann::json* OptionReader::find(std::string_view key) {
 bool OptionReader::get_bool(std::string_view key, bool fallback) {
   const nlohmann::json* v = find(key);
   if (v == nullptr) return fallback;
-  TPCHECK_CHECK_INPUT(v->is_boolean(), "{} option {}: expected true or false, got {}", layer_,
-                      key, v->dump());
+  TPCHECK_CHECK_INPUT(v->is_boolean(), "{} option {}: expected true or false, got {}", layer_, key,
+                      v->dump());
   return v->get<bool>();
 }
 
@@ -62,7 +61,8 @@ std::string OptionReader::get_choice(std::string_view key, std::string_view fall
 }
 
 DType OptionReader::get_params_dtype(DType fallback) {
-  return parse_dtype(get_choice("params_dtype", dtype_name(fallback), {"f32", "f16", "bf16", "f64"}));
+  return parse_dtype(
+      get_choice("params_dtype", dtype_name(fallback), {"f32", "f16", "bf16", "f64"}));
 }
 
 ParallelMode OptionReader::get_parallel_mode(ParallelMode fallback, bool allow_row) {

@@ -7,9 +7,8 @@
 // Thread safety: a reader is used by one thread.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <string_view>
@@ -34,11 +33,11 @@ class OptionReader {
   std::string get_choice(std::string_view key, std::string_view fallback,
                          const std::vector<std::string_view>& choices);
 
-  DType get_params_dtype(DType fallback);             // "params_dtype": f32 f16 bf16 f64
+  DType get_params_dtype(DType fallback);  // "params_dtype": f32 f16 bf16 f64
   ParallelMode get_parallel_mode(ParallelMode fallback, bool allow_row = true);
   InitMethod get_init_method(std::string_view key, InitMethod fallback);
-  NormKind get_normalization(NormKind fallback);      // "normalization"
-  Activation get_activation(Activation fallback);     // "activation"
+  NormKind get_normalization(NormKind fallback);   // "normalization"
+  Activation get_activation(Activation fallback);  // "activation"
 
   // Throws on any key not read above, listing the accepted keys.
   void finish() const;

@@ -46,8 +46,9 @@ LayerNorm::LayerNorm(std::string prefix, Options options, const ModuleContext& c
 LayerOutputs LayerNorm::forward(const Tensor& x, Saved& saved) {
   const Options& o = options_;
   TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) == o.hidden_size,
-                      "{}: input {} expected [..., {}] (hidden_size)", norm_kind_name(o.normalization),
-                      x.defined() ? x.describe() : "undefined", o.hidden_size);
+                      "{}: input {} expected [..., {}] (hidden_size)",
+                      norm_kind_name(o.normalization), x.defined() ? x.describe() : "undefined",
+                      o.hidden_size);
   TPCHECK_CHECK_INPUT(x.dtype() == o.params_dtype, "{}: input dtype {}, expected params_dtype {}",
                       norm_kind_name(o.normalization), dtype_name(x.dtype()),
                       dtype_name(o.params_dtype));
@@ -61,23 +62,22 @@ LayerOutputs LayerNorm::forward(const Tensor& x, Saved& saved) {
 
 Tensor LayerNorm::backward(const OutputGrads& grads, Saved& saved) {
   const Options& o = options_;
-  TPCHECK_CHECK(saved.input.defined(), "{}: backward before forward", norm_kind_name(o.normalization));
+  TPCHECK_CHECK(saved.input.defined(), "{}: backward before forward",
+                norm_kind_name(o.normalization));
   TPCHECK_CHECK(grads.output.defined() && grads.output.shape() == saved.input.shape(),
                 "{}: output gradient does not match the input {}", norm_kind_name(o.normalization),
                 saved.input.describe());
   const bool layer_norm = o.normalization == NormKind::kLayerNorm;
   if (!o.sequence_parallel) {
     return ctx_.backend->norm_backward(o.normalization, grads.output, saved.input, weight_.value,
-                                       saved.norm, o.zero_centered_gamma, weight_.grad,
-                                       bias_.grad);
+                                       saved.norm, o.zero_centered_gamma, weight_.grad, bias_.grad);
   }
   // SP: this rank's slice gives partial sums; reduce them before accumulating, so
   // gradients accumulated earlier are not summed N times.
   Tensor dgamma = Tensor::zeros(weight_.grad.shape(), weight_.grad.dtype());
   Tensor dbeta = layer_norm ? Tensor::zeros(bias_.grad.shape(), bias_.grad.dtype()) : Tensor();
-  Tensor dx = ctx_.backend->norm_backward(o.normalization, grads.output, saved.input,
-                                          weight_.value, saved.norm, o.zero_centered_gamma,
-                                          dgamma, dbeta);
+  Tensor dx = ctx_.backend->norm_backward(o.normalization, grads.output, saved.input, weight_.value,
+                                          saved.norm, o.zero_centered_gamma, dgamma, dbeta);
   reduce_replicated_grad(ctx_, dgamma, ReplicatedGrad::kNorm);
   ctx_.backend->accumulate(weight_.grad, dgamma);
   if (layer_norm) {

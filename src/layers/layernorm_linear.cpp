@@ -30,8 +30,9 @@ LayerNormLinear::Options LayerNormLinear::Options::from_json(const nlohmann::jso
 }
 
 LayerNorm::Options LayerNormLinear::norm_options(const Options& o) {
-  TPCHECK_CHECK_INPUT(o.parallel_mode != ParallelMode::kRow,
-                      "LayerNormLinear: parallel_mode row is not supported; expected none or column");
+  TPCHECK_CHECK_INPUT(
+      o.parallel_mode != ParallelMode::kRow,
+      "LayerNormLinear: parallel_mode row is not supported; expected none or column");
   LayerNorm::Options n;
   n.hidden_size = o.in_features;
   n.normalization = o.normalization;

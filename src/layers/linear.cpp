@@ -8,7 +8,6 @@
 #include "tpcheck/layers/linear.h"
 
 #include <nlohmann/json.hpp>
-
 #include <numeric>
 
 #include "layers/json_options.h"
@@ -23,9 +22,12 @@ std::string_view init_method_name(InitMethod m) {
 
 std::string_view parallel_mode_name(ParallelMode m) {
   switch (m) {
-    case ParallelMode::kColumn: return "column";
-    case ParallelMode::kRow: return "row";
-    case ParallelMode::kNone: break;
+    case ParallelMode::kColumn:
+      return "column";
+    case ParallelMode::kRow:
+      return "row";
+    case ParallelMode::kNone:
+      break;
   }
   return "none";
 }
@@ -58,15 +60,17 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
   TPCHECK_CHECK_INPUT(o.weight_blocks.empty() || o.parallel_mode == ParallelMode::kColumn,
                       "{}: weight_blocks apply to column-parallel weights only", o.site);
   if (!o.weight_blocks.empty()) {
-    const std::int64_t sum = std::accumulate(o.weight_blocks.begin(), o.weight_blocks.end(),
-                                             std::int64_t{0});
-    TPCHECK_CHECK_INPUT(sum == o.out_features, "{}: weight blocks sum to {}, expected out_features {}",
-                        o.site, sum, o.out_features);
+    const std::int64_t sum =
+        std::accumulate(o.weight_blocks.begin(), o.weight_blocks.end(), std::int64_t{0});
+    TPCHECK_CHECK_INPUT(sum == o.out_features,
+                        "{}: weight blocks sum to {}, expected out_features {}", o.site, sum,
+                        o.out_features);
   }
   ShardSpec weight_shard, bias_shard;
   int weight_rank = ctx_.rank(), bias_rank = ctx_.rank();
   if (o.parallel_mode == ParallelMode::kColumn) {
-    for (std::int64_t block : o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks) {
+    for (std::int64_t block :
+         o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks) {
       TPCHECK_CHECK_INPUT(block % n == 0,
                           "{}: column-parallel out_features {} (block {}) is not divisible by the "
                           "tensor-parallel size {}",
@@ -130,8 +134,8 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
   const Tensor x2 = full.reshape({full.numel() / local_in(), local_in()});
 
   saved.input_shape = x.shape();
-  saved.input = o.save_original_input && column_sp() ? x.reshape({x.numel() / local_in(), local_in()})
-                                                     : x2;
+  saved.input =
+      o.save_original_input && column_sp() ? x.reshape({x.numel() / local_in(), local_in()}) : x2;
 
   Tensor y2({x2.dim(0), local_out()}, x.dtype());
   ctx_.backend->gemm(o.site + "/fwd", x2, false, weight_.value, true, y2, false);

@@ -9,14 +9,13 @@ namespace tpcheck {
 Parameter make_parameter(const ModuleContext& ctx, std::string name, Shape global_shape,
                          ShardSpec shard, const FillSpec& fill, DType dtype,
                          bool fuse_wgrad_accumulation) {
-  return make_parameter_from_rank(ctx, std::move(name), std::move(global_shape),
-                                  std::move(shard), fill, dtype, fuse_wgrad_accumulation,
-                                  ctx.rank());
+  return make_parameter_from_rank(ctx, std::move(name), std::move(global_shape), std::move(shard),
+                                  fill, dtype, fuse_wgrad_accumulation, ctx.rank());
 }
 
-Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name,
-                                   Shape global_shape, ShardSpec shard, const FillSpec& fill,
-                                   DType dtype, bool fuse_wgrad_accumulation, int source_rank) {
+Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, Shape global_shape,
+                                   ShardSpec shard, const FillSpec& fill, DType dtype,
+                                   bool fuse_wgrad_accumulation, int source_rank) {
   const int world = ctx.tp_size();
   check_shardable(global_shape, shard, world, name);
   Parameter p;

@@ -9,8 +9,8 @@ namespace tpcheck {
 
 Tensor local_token_slice(const ModuleContext& ctx, const Tensor& full) {
   const int n = ctx.tp_size();
-  TPCHECK_CHECK(full.dim(0) % n == 0, "token slice: {} tokens do not split {} ways",
-                full.dim(0), n);
+  TPCHECK_CHECK(full.dim(0) % n == 0, "token slice: {} tokens do not split {} ways", full.dim(0),
+                n);
   const std::int64_t rows = full.dim(0) / n;
   return full.slice(0, ctx.rank() * rows, rows);
 }

@@ -44,8 +44,8 @@ void reduce_replicated_grad(const ModuleContext& ctx, Tensor& grad, ReplicatedGr
 // make_parameter, but the values of rank `source_rank`'s shard (make_parameter uses
 // ctx.rank()). The mutated parameter bugs use this; `shard` still says where the
 // parameter *should* come from, so the checker reassembles it as the correct layout.
-Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name,
-                                   Shape global_shape, ShardSpec shard, const FillSpec& fill,
-                                   DType dtype, bool fuse_wgrad_accumulation, int source_rank);
+Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, Shape global_shape,
+                                   ShardSpec shard, const FillSpec& fill, DType dtype,
+                                   bool fuse_wgrad_accumulation, int source_rank);
 
 }  // namespace tpcheck

@@ -8,9 +8,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -67,15 +67,16 @@ inline GlobalRun run_layer(const std::string& kind, const nlohmann::json& option
     ModuleContext ctx{backend.get(), &comm, kSeed, mutation};
     std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{kind, options}, ctx);
     const int r = comm.rank(), n = comm.size();
-    const Tensor x = generate(FillSpec::normal(0.0, 1.0), kSeed, "input", input_shape,
-                              DType::kF64, layer->input_layout(), r, n);
+    const Tensor x = generate(FillSpec::normal(0.0, 1.0), kSeed, "input", input_shape, DType::kF64,
+                              layer->input_layout(), r, n);
     RankRun run;
     run.outputs = layer->forward(x);
     const OutputLayout l = layer->output_layout();
     OutputGrads g;
     g.output = loss_weight("w_output", run.outputs.output, l.output, r, n);
     g.bias = loss_weight("w_bias", run.outputs.bias, l.bias, r, n);
-    g.layernorm_output = loss_weight("w_ln", run.outputs.layernorm_output, l.layernorm_output, r, n);
+    g.layernorm_output =
+        loss_weight("w_ln", run.outputs.layernorm_output, l.layernorm_output, r, n);
     run.dx = layer->backward(g);
     if (layer->delays_wgrad()) layer->backward_dw();
     for (Parameter* p : layer->parameters()) run.grads.push_back(p->gradient().clone());

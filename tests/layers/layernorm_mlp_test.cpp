@@ -1,10 +1,11 @@
 // layernorm_mlp_test.cpp — LayerNormMLP: gradients vs finite differences for every
 // activation and option, TP (fc1 column, fc2 row) and SP equivalence at 2 and 4
 // thread ranks, mutations caught, bad input, GEMM sites and parameter names.
+#include "tpcheck/layers/layernorm_mlp.h"
+
 #include <gtest/gtest.h>
 
 #include "layers/layer_test_support.h"
-#include "tpcheck/layers/layernorm_mlp.h"
 
 namespace tpcheck::testing {
 namespace {
@@ -12,7 +13,9 @@ namespace {
 const Shape kInput = {8, 8};  // [T, hidden]; ffn 12 (divisible by 2 and 4)
 
 nlohmann::json mlp_options(bool sp, const nlohmann::json& extra) {
-  nlohmann::json j = {{"hidden_size", 8}, {"ffn_hidden_size", 12}, {"params_dtype", "f64"},
+  nlohmann::json j = {{"hidden_size", 8},
+                      {"ffn_hidden_size", 12},
+                      {"params_dtype", "f64"},
                       {"sequence_parallel", sp}};
   if (extra.is_object()) j.update(extra);
   return j;
@@ -36,8 +39,11 @@ std::vector<nlohmann::json> option_sets() {
           {{"return_layernorm_output", true}},
           {{"delay_wgrad_compute", true}},
           {{"checkpoint", true}},
-          {{"checkpoint", true}, {"delay_wgrad_compute", true}, {"activation", "swiglu"},
-           {"return_bias", true}, {"return_layernorm_output", true}}};
+          {{"checkpoint", true},
+           {"delay_wgrad_compute", true},
+           {"activation", "swiglu"},
+           {"return_bias", true},
+           {"return_layernorm_output", true}}};
 }
 
 TEST(LayerNormMLP, GradientsMatchFiniteDifferences) {
@@ -58,16 +64,18 @@ TEST(LayerNormMLP, ShardedEqualsUnsharded) {
 
 TEST(LayerNormMLP, MutationsAreCaught) {
   const std::vector<Mutation> any_sp = {
-      Mutation::kNoRowAllReduce,  Mutation::kDoubleAllReduce,   Mutation::kShardOffByOne,
-      Mutation::kColumnBiasNotSharded, Mutation::kDgradAveraged, Mutation::kNoDgradAllReduce,
+      Mutation::kNoRowAllReduce,       Mutation::kDoubleAllReduce, Mutation::kShardOffByOne,
+      Mutation::kColumnBiasNotSharded, Mutation::kDgradAveraged,   Mutation::kNoDgradAllReduce,
       Mutation::kRowBiasBeforeReduce};
   const std::vector<Mutation> sp_only = {Mutation::kReversedGather, Mutation::kNormGradNotReduced,
                                          Mutation::kRowBiasGradNotReduced};
   for (int tp : {2, 4}) {
     for (bool sp : {false, true}) {
-      for (Mutation m : any_sp) expect_mutation_caught("LayerNormMLP", mlp_options(sp, {}), kInput, tp, m);
+      for (Mutation m : any_sp)
+        expect_mutation_caught("LayerNormMLP", mlp_options(sp, {}), kInput, tp, m);
     }
-    for (Mutation m : sp_only) expect_mutation_caught("LayerNormMLP", mlp_options(true, {}), kInput, tp, m);
+    for (Mutation m : sp_only)
+      expect_mutation_caught("LayerNormMLP", mlp_options(true, {}), kInput, tp, m);
     // Gated fc1: shard-off-by-one must move both halves.
     expect_mutation_caught("LayerNormMLP", mlp_options(false, {{"activation", "swiglu"}}), kInput,
                            tp, Mutation::kShardOffByOne);
@@ -78,7 +86,9 @@ TEST(LayerNormMLP, NamesAndSites) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
   std::unique_ptr<Backend> backend = make_cpu_backend();
   ModuleContext ctx{backend.get(), comm.get(), kSeed, Mutation::kNone};
-  LayerNormMLP mlp("layernorm_mlp.", LayerNormMLP::Options::from_json(mlp_options(false, {{"activation", "geglu"}})), ctx);
+  LayerNormMLP mlp("layernorm_mlp.",
+                   LayerNormMLP::Options::from_json(mlp_options(false, {{"activation", "geglu"}})),
+                   ctx);
   std::vector<std::string> names;
   for (Parameter* p : mlp.parameters()) names.push_back(p->name);
   EXPECT_EQ(names, (std::vector<std::string>{
@@ -100,18 +110,31 @@ TEST(LayerNormMLP, NamesAndSites) {
 
 TEST(LayerNormMLP, BadInput) {
   expect_input_error(
-      [] { run_layer("LayerNormMLP", mlp_options(false, {{"ffn_hidden_size", 10}}), 4, kInput); },
+      [] {
+        run_layer("LayerNormMLP", mlp_options(false, {{"ffn_hidden_size", 10}}), 4, kInput);
+      },
       {"ffn_hidden_size 10", "tensor-parallel size 4"});
   expect_input_error(
-      [] { LayerNormMLP::Options::from_json(mlp_options(false, {{"activation", "tanh"}})); },
+      [] {
+        LayerNormMLP::Options::from_json(mlp_options(false, {{"activation", "tanh"}}));
+      },
       {"activation", "tanh", "gelu | relu | srelu | qgelu | geglu | swiglu"});
   expect_input_error(
-      [] { LayerNormMLP::Options::from_json(mlp_options(false, {{"output_layer_init_method", "xavier"}})); },
+      [] {
+        LayerNormMLP::Options::from_json(
+            mlp_options(false, {{"output_layer_init_method", "xavier"}}));
+      },
       {"output_layer_init_method", "xavier", "normal | constant"});
-  expect_input_error([] { run_layer("LayerNormMLP", mlp_options(false, {}), 1, {8, 12}); },
-                     {"f64[8, 12]", "expected [..., 8]"});
-  expect_input_error([] { LayerNormMLP::Options::from_json({{"hidden_size", 8}}); },
-                     {"ffn_hidden_size", "required"});
+  expect_input_error(
+      [] {
+        run_layer("LayerNormMLP", mlp_options(false, {}), 1, {8, 12});
+      },
+      {"f64[8, 12]", "expected [..., 8]"});
+  expect_input_error(
+      [] {
+        LayerNormMLP::Options::from_json({{"hidden_size", 8}});
+      },
+      {"ffn_hidden_size", "required"});
 }
 
 }  // namespace

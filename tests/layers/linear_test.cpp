@@ -1,10 +1,11 @@
 // linear_test.cpp — Linear: gradients vs finite differences, TP equivalence (column,
 // row, sequence parallel, every option) at 2 and 4 thread ranks, mutations caught,
 // bad input, and the mutation names.
+#include "tpcheck/layers/linear.h"
+
 #include <gtest/gtest.h>
 
 #include "layers/layer_test_support.h"
-#include "tpcheck/layers/linear.h"
 
 namespace tpcheck::testing {
 namespace {
@@ -12,22 +13,26 @@ namespace {
 const Shape kInput = {8, 8};  // [T, in]; T and in divisible by 4 (SP and row at tp 4)
 
 nlohmann::json linear_options(const std::string& mode, bool sp, nlohmann::json extra) {
-  nlohmann::json j = {{"in_features", 8}, {"out_features", 12}, {"params_dtype", "f64"},
-                      {"parallel_mode", mode}, {"sequence_parallel", sp}};
+  nlohmann::json j = {{"in_features", 8},
+                      {"out_features", 12},
+                      {"params_dtype", "f64"},
+                      {"parallel_mode", mode},
+                      {"sequence_parallel", sp}};
   if (extra.is_object()) j.update(extra);
   return j;
 }
 
 // The option sets of the reference suite's Linear cases, plus two combinations.
 std::vector<nlohmann::json> option_sets() {
-  return {nlohmann::json::object(),
-          {{"bias", false}},
-          {{"init_method", "constant"}},
-          {{"fuse_wgrad_accumulation", true}},
-          {{"return_bias", true}},
-          {{"delay_wgrad_compute", true}},
-          {{"save_original_input", true}},
-          {{"return_bias", true}, {"delay_wgrad_compute", true}, {"fuse_wgrad_accumulation", true}}};
+  return {
+      nlohmann::json::object(),
+      {{"bias", false}},
+      {{"init_method", "constant"}},
+      {{"fuse_wgrad_accumulation", true}},
+      {{"return_bias", true}},
+      {{"delay_wgrad_compute", true}},
+      {{"save_original_input", true}},
+      {{"return_bias", true}, {"delay_wgrad_compute", true}, {"fuse_wgrad_accumulation", true}}};
 }
 
 TEST(Linear, GradientsMatchFiniteDifferences) {
@@ -50,8 +55,9 @@ Run3d run_3d(const std::string& mode, bool sp, bool save_original, int tp) {
   auto body = [&](Communicator& comm) {
     std::unique_ptr<Backend> backend = make_cpu_backend();
     ModuleContext ctx{backend.get(), &comm, kSeed, Mutation::kNone};
-    Linear layer("", Linear::Options::from_json(linear_options(
-                         mode, sp, {{"save_original_input", save_original}})),
+    Linear layer("",
+                 Linear::Options::from_json(
+                     linear_options(mode, sp, {{"save_original_input", save_original}})),
                  ctx);
     const int r = comm.rank(), n = comm.size();
     const Tensor x = generate(FillSpec::normal(0, 1), kSeed, "input", in_shape, DType::kF64,
@@ -168,9 +174,9 @@ TEST(Linear, ResidualAddedAfterReduction) {
   for (bool sp : {false, true}) {
     // f64; only the reduction order differs (measured ~1e-16).
     EXPECT_LE(relative_error(row_output_with_residual(2, sp, Mutation::kNone), single), 1e-12);
-    EXPECT_GT(relative_error(row_output_with_residual(2, sp, Mutation::kResidualBeforeReduce),
-                             single),
-              1e-3);
+    EXPECT_GT(
+        relative_error(row_output_with_residual(2, sp, Mutation::kResidualBeforeReduce), single),
+        1e-3);
   }
 }
 
@@ -191,7 +197,8 @@ TEST(Linear, GemmSites) {
   layer.backward(g, saved);
   std::vector<std::string> sites;
   for (const GemmRecord& r : backend->ledger().records()) sites.push_back(r.site);
-  EXPECT_EQ(sites, (std::vector<std::string>{"attn.proj/fwd", "attn.proj/dgrad", "attn.proj/wgrad"}));
+  EXPECT_EQ(sites,
+            (std::vector<std::string>{"attn.proj/fwd", "attn.proj/dgrad", "attn.proj/wgrad"}));
 }
 
 TEST(Linear, ConstantInitAndDefaults) {
@@ -203,26 +210,39 @@ TEST(Linear, ConstantInitAndDefaults) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
   std::unique_ptr<Backend> backend = make_cpu_backend();
   ModuleContext ctx{backend.get(), comm.get(), kSeed, Mutation::kNone};
-  Linear layer("", Linear::Options::from_json(linear_options("none", false, {{"init_method", "constant"}})), ctx);
+  Linear layer(
+      "", Linear::Options::from_json(linear_options("none", false, {{"init_method", "constant"}})),
+      ctx);
   for (double v : layer.weight().value.to_f64()) EXPECT_EQ(v, kConstantInitValue);
 }
 
 TEST(Linear, BadOptions) {
-  expect_input_error([] { Linear::Options::from_json(linear_options("none", false, {{"foo", 1}})); },
-                     {"unknown option foo", "in_features"});
   expect_input_error(
-      [] { Linear::Options::from_json(linear_options("diagonal", false, {})); },
-      {"parallel_mode", "\"diagonal\"", "none | column | row"});
+      [] {
+        Linear::Options::from_json(linear_options("none", false, {{"foo", 1}}));
+      },
+      {"unknown option foo", "in_features"});
+  expect_input_error([] { Linear::Options::from_json(linear_options("diagonal", false, {})); },
+                     {"parallel_mode", "\"diagonal\"", "none | column | row"});
   expect_input_error(
-      [] { Linear::Options::from_json(linear_options("none", false, {{"params_dtype", "f8e4m3"}})); },
+      [] {
+        Linear::Options::from_json(linear_options("none", false, {{"params_dtype", "f8e4m3"}}));
+      },
       {"params_dtype", "f8e4m3", "f32 | f16 | bf16 | f64"});
-  expect_input_error([] { Linear::Options::from_json({{"out_features", 4}}); },
-                     {"in_features", "required"});
   expect_input_error(
-      [] { Linear::Options::from_json(linear_options("none", false, {{"out_features", -3}})); },
+      [] {
+        Linear::Options::from_json({{"out_features", 4}});
+      },
+      {"in_features", "required"});
+  expect_input_error(
+      [] {
+        Linear::Options::from_json(linear_options("none", false, {{"out_features", -3}}));
+      },
       {"out_features", "-3", "positive integer"});
   expect_input_error(
-      [] { Linear::Options::from_json(linear_options("none", false, {{"bias", "yes"}})); },
+      [] {
+        Linear::Options::from_json(linear_options("none", false, {{"bias", "yes"}}));
+      },
       {"bias", "\"yes\"", "true or false"});
   expect_input_error([] { Linear::Options::from_json(nlohmann::json::array()); },
                      {"expected a JSON object"});
@@ -231,14 +251,21 @@ TEST(Linear, BadOptions) {
 TEST(Linear, BadShapes) {
   // Row-parallel in_features 6 at tp 4; column-parallel out_features 10 at tp 4.
   expect_input_error(
-      [] { run_layer("Linear", linear_options("row", false, {{"in_features", 6}}), 4, {8, 6}); },
+      [] {
+        run_layer("Linear", linear_options("row", false, {{"in_features", 6}}), 4, {8, 6});
+      },
       {"in_features 6", "tensor-parallel size 4"});
   expect_input_error(
-      [] { run_layer("Linear", linear_options("column", false, {{"out_features", 10}}), 4, kInput); },
+      [] {
+        run_layer("Linear", linear_options("column", false, {{"out_features", 10}}), 4, kInput);
+      },
       {"out_features 10", "tensor-parallel size 4"});
   // Input whose last dimension is not in_features.
-  expect_input_error([] { run_layer("Linear", linear_options("none", false, {}), 1, {8, 7}); },
-                     {"f64[8, 7]", "expected [..., 8]"});
+  expect_input_error(
+      [] {
+        run_layer("Linear", linear_options("none", false, {}), 1, {8, 7});
+      },
+      {"f64[8, 7]", "expected [..., 8]"});
   expect_input_error([] { run_layer("Conv2d", {}, 1, kInput); },
                      {"Conv2d", "Linear, LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP"});
 }

@@ -12,7 +12,9 @@ namespace {
 const Shape kInput = {8, 8};  // [T, hidden]; T divisible by 4 for SP at tp 4
 
 nlohmann::json norm_options(bool zero_centered, bool sp) {
-  return {{"hidden_size", 8}, {"params_dtype", "f64"}, {"zero_centered_gamma", zero_centered},
+  return {{"hidden_size", 8},
+          {"params_dtype", "f64"},
+          {"zero_centered_gamma", zero_centered},
           {"sequence_parallel", sp}};
 }
 
@@ -74,8 +76,11 @@ TEST(Norm, GradientNotReducedIsCaught) {
 }
 
 TEST(Norm, BadInput) {
-  expect_input_error([] { run_layer("LayerNorm", norm_options(false, false), 1, {8, 6}); },
-                     {"f64[8, 6]", "expected [..., 8]"});
+  expect_input_error(
+      [] {
+        run_layer("LayerNorm", norm_options(false, false), 1, {8, 6});
+      },
+      {"f64[8, 6]", "expected [..., 8]"});
   nlohmann::json bad = norm_options(false, false);
   bad["normalization"] = "BatchNorm";
   expect_input_error([&] { LayerNorm::Options::from_json(bad); },
@@ -89,7 +94,8 @@ TEST(Norm, BadInput) {
                      {"RMSNorm", "normalization", "contradicts"});
   bad = norm_options(false, false);
   bad["hidden"] = 8;
-  expect_input_error([&] { LayerNorm::Options::from_json(bad); }, {"unknown option hidden", "hidden_size"});
+  expect_input_error([&] { LayerNorm::Options::from_json(bad); },
+                     {"unknown option hidden", "hidden_size"});
 }
 
 }  // namespace

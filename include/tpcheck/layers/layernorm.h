@@ -9,9 +9,8 @@
 // Thread safety: a layer object belongs to one rank.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 

@@ -10,9 +10,8 @@
 // Thread safety: a layer object belongs to one rank.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -39,8 +38,8 @@ class LayerNormLinear {
     bool fuse_wgrad_accumulation = false;
     bool delay_wgrad_compute = false;
     DType params_dtype = DType::kF32;
-    std::string site = "linear";               // not a JSON key: parents set it
-    std::vector<std::int64_t> weight_blocks;   // not a JSON key; see Linear::Options
+    std::string site = "linear";              // not a JSON key: parents set it
+    std::vector<std::int64_t> weight_blocks;  // not a JSON key; see Linear::Options
 
     // Keys: in_features, out_features, normalization, zero_centered_gamma, eps,
     // return_layernorm_output, bias, return_bias, parallel_mode ("none"|"column"),

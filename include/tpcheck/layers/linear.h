@@ -16,9 +16,8 @@
 // Thread safety: a layer object belongs to one rank.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -28,8 +27,8 @@ namespace tpcheck {
 
 // How a weight is initialised: N(0, 0.023) or the constant 0.05 (docs/LAYERS.md).
 enum class InitMethod { kNormal, kConstant };
-std::string_view init_method_name(InitMethod m);          // "normal", "constant"
-std::string_view parallel_mode_name(ParallelMode m);      // "none", "column", "row"
+std::string_view init_method_name(InitMethod m);      // "normal", "constant"
+std::string_view parallel_mode_name(ParallelMode m);  // "none", "column", "row"
 
 class Linear {
  public:
@@ -60,12 +59,12 @@ class Linear {
   };
 
   struct Saved {
-    Shape input_shape;        // shape of x as given to forward (dx gets it)
-    Tensor input;             // [T, in_local] GEMM input: gathered under SP column, or
-                              // the local slice with save_original_input (re-gathered)
-    Tensor grad_output;       // delay_wgrad_compute: [T, out_local] dy as the wgrad GEMM uses it
-    Tensor grad_output_local; // delay_wgrad_compute, row SP: the local dy slice (bias grad)
-    Tensor grad_bias_output;  // delay_wgrad_compute with return_bias: the `bias` output grad
+    Shape input_shape;         // shape of x as given to forward (dx gets it)
+    Tensor input;              // [T, in_local] GEMM input: gathered under SP column, or
+                               // the local slice with save_original_input (re-gathered)
+    Tensor grad_output;        // delay_wgrad_compute: [T, out_local] dy as the wgrad GEMM uses it
+    Tensor grad_output_local;  // delay_wgrad_compute, row SP: the local dy slice (bias grad)
+    Tensor grad_bias_output;   // delay_wgrad_compute with return_bias: the `bias` output grad
   };
 
   // Creates the parameters `<prefix>weight`, `<prefix>bias`. Throws Error(kInput) when
