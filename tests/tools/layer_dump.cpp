@@ -18,7 +18,8 @@
 // File contents: input, target, target_ln (when used), param/<name> (value),
 // out/output, out/bias, out/layernorm_output (when returned), grad/input,
 // grad/<name> (Parameter::gradient()); metadata {"kind", "options" (JSON, with
-// params_dtype)}. Exit status: 0 written, 2 bad arguments or options, 3 other errors.
+// params_dtype), "parameters" (JSON list of names in parameters() order)}.
+// Exit status: 0 written, 2 bad arguments or options, 3 other errors.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -189,10 +190,13 @@ int run(const Args& args) {
 
   file.tensors["grad/input"] = layer->backward(grads);
   if (layer->delays_wgrad()) layer->backward_dw();
+  nlohmann::json order = nlohmann::json::array();
   for (const tpcheck::Parameter* p : layer->parameters()) {
+    order.push_back(p->name);
     file.tensors["param/" + p->name] = p->value;
     file.tensors["grad/" + p->name] = p->gradient();
   }
+  file.metadata["parameters"] = order.dump();  // the file's tensors are sorted by name
   tpcheck::write_safetensors(args.out, file);
   return 0;
 }
