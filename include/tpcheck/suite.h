@@ -95,6 +95,7 @@ struct CaseResult {
   int tp = 1;
   std::vector<TensorResult> tensors;
   std::vector<Verdict> verdicts;  // per policy: fails if any tensor fails
+  std::vector<Policy> policies;   // as applied (truth: with this case's u and K)
   std::vector<GemmClassDiff> gemm_class_diffs;
   std::size_t gemm_count_single = 0, gemm_count_sharded = 0;
   double seconds = 0;

@@ -74,8 +74,9 @@ Verdict evaluate_allclose(const TensorComparison& c) {
 Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
   if (!c.has_truth) return fail("no fp64 truth run was compared; the truth policy needs one");
   const double u = p.unit_roundoff ? *p.unit_roundoff : dtype_unit_roundoff(c.dtype);
-  const double floor_max = p.floor_factor * u * c.truth_max_abs;
-  const double floor_rms = p.floor_factor * u * c.truth_rms;
+  const double scale = p.floor_factor * u * std::sqrt(static_cast<double>(std::max<std::int64_t>(p.reduction_length, 1)));
+  const double floor_max = scale * c.truth_max_abs;
+  const double floor_rms = scale * c.truth_rms;
   const double limit_max = p.multiplier * c.single_vs_truth.max_abs + floor_max;
   const double limit_rms = p.multiplier * c.single_vs_truth.rms + floor_rms;
   const bool max_ok = c.sharded_vs_truth.max_abs <= limit_max;

@@ -4,6 +4,37 @@
 #include "tpcheck/suite.h"
 
 namespace tpcheck {
+namespace {
+
+double math_class_unit_roundoff(MathClass c) {
+  switch (c) {
+    case MathClass::kFp64: return dtype_unit_roundoff(DType::kF64);
+    case MathClass::kFp32: return dtype_unit_roundoff(DType::kF32);
+    case MathClass::kTf32: return dtype_unit_roundoff(DType::kF16);  // 10 mantissa bits, like f16
+    case MathClass::kBf16: return dtype_unit_roundoff(DType::kBF16);
+    case MathClass::kFp16: return dtype_unit_roundoff(DType::kF16);
+  }
+  return 0;
+}
+
+// The truth policy's error model for this case (see TruthPolicyParams): u is the larger of
+// the storage dtype's unit roundoff and that of the coarsest GEMM class either run used;
+// K the longest GEMM reduction.
+TruthPolicyParams truth_params_for(const SuiteCase& c, const CaseRun& run, TruthPolicyParams p) {
+  double u = dtype_unit_roundoff(c.dtype);
+  std::int64_t k = 1;
+  for (const auto* ledger : {&run.single_gemms, &run.sharded_gemms}) {
+    for (const GemmRecord& r : *ledger) {
+      u = std::max(u, math_class_unit_roundoff(r.math_class));
+      k = std::max(k, r.k);
+    }
+  }
+  if (!p.unit_roundoff) p.unit_roundoff = u;
+  p.reduction_length = std::max(p.reduction_length, k);
+  return p;
+}
+
+}  // namespace
 
 CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const JudgeConfig& config) {
   CaseResult result;
@@ -14,10 +45,16 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
   result.gemm_count_sharded = run.sharded_gemms.size();
   result.gemm_class_diffs = diff_gemm_classes(run.single_gemms, run.sharded_gemms);
 
+  std::vector<Policy> policies = config.policies;
+  for (Policy& p : policies) {
+    if (p.kind == PolicyKind::kTruth) p.truth = truth_params_for(c, run, p.truth);
+  }
+  result.policies = policies;
+
   for (const ComparedTensor& t : run.tensors) {
     TensorResult r{t.name, t.kind, t.index,
                    compare_tensors(t.sharded, t.single, &t.truth, config.compare), {}};
-    for (const Policy& p : config.policies) r.verdicts.push_back(evaluate(p, r.comparison));
+    for (const Policy& p : policies) r.verdicts.push_back(evaluate(p, r.comparison));
     result.tensors.push_back(std::move(r));
   }
 

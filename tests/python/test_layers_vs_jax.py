@@ -61,7 +61,6 @@ def _cases():
         ("init_constant", {"init_method": "constant"}),
         ("fuse_wgrad_accumulation", {"fuse_wgrad_accumulation": True}),
         ("delay_wgrad_compute", {"delay_wgrad_compute": True}),
-        ("save_original_input", {"save_original_input": True}),
         ("parallel_column", {"parallel_mode": "column"}),
         ("parallel_row", {"parallel_mode": "row"}),
         ("column_sequence_parallel", {"parallel_mode": "column", "sequence_parallel": True}),
@@ -179,11 +178,7 @@ CASES = _cases()
 
 # Cases where tpcheck disagrees with docs/LAYERS.md: id -> the discrepancy (strict xfail,
 # so a fix makes the test fail until the entry is removed).
-KNOWN_DISCREPANCIES = {
-    "LayerNormLinear-save_original_input": (
-        "docs/LAYERS.md gives LayerNormLinear 'Linear's options', save_original_input "
-        "among them; tpcheck's LayerNormLinear::Options::from_json rejects the key"),
-}
+KNOWN_DISCREPANCIES: dict = {}
 
 
 def _param(case):
