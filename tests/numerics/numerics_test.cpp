@@ -356,8 +356,11 @@ TEST(TruthPolicy, FloorAbsorbsRoundingWhenSingleIsExact) {
   TensorComparison c = compare_tensors(Tensor::from_f64(h, {n}, DType::kF32), single, &truth);
   ASSERT_EQ(c.single_vs_truth.max_abs, 0.0);
   ASSERT_GT(c.sharded_vs_truth.max_abs, 0.0);
-  EXPECT_EQ(evaluate(parse_policy("truth"), c).status, VerdictStatus::kPass);
-  Policy no_floor = parse_policy("truth");
+  // The floor is floor_factor · u · sqrt(K) · |truth|: with K = 4 it is 2u, above the 1.8u.
+  Policy with_floor = parse_policy("truth");
+  with_floor.truth.reduction_length = 4;
+  EXPECT_EQ(evaluate(with_floor, c).status, VerdictStatus::kPass);
+  Policy no_floor = with_floor;
   no_floor.truth.floor_factor = 0;
   EXPECT_EQ(evaluate(no_floor, c).status, VerdictStatus::kFail);
   // A comparison without a truth run cannot be judged by it.
