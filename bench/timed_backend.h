@@ -3,6 +3,10 @@
 // into GEMM, attention, norms, activations, bias, elementwise, and the layer's own code
 // (whatever remains of the total).
 //
+// Two clocks per op kind: wall time, and the calling thread's CPU time
+// (CLOCK_THREAD_CPUTIME_ID). Every op other than a multi-threaded GEMM runs on the calling
+// thread, so its CPU time is its work, and unlike wall time it does not grow when other
+// processes take the core (it still does with cache and memory-bandwidth contention).
 // Why a decorator and not a profiler: it measures exactly the boundary the performance
 // requirement talks about ("no loop outside the GEMM ...") on every run of the benchmark,
 // with no extra tools, and costs two clock reads per op (ops here take micro- to
@@ -12,8 +16,11 @@
 // Thread safety: like every Backend, one rank (thread) at a time.
 #pragma once
 
+#include <time.h>
+
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -27,6 +34,13 @@ enum class OpKind { kGemm, kAttention, kNorm, kActivation, kBias, kElementwise, 
 inline constexpr std::array<std::string_view, static_cast<int>(OpKind::kCount)> kOpKindNames = {
     "gemm", "attn", "norm", "act", "bias", "elem"};
 
+// CPU time consumed by the calling thread so far.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 class TimedBackend final : public Backend {
  public:
   explicit TimedBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
@@ -34,72 +48,81 @@ class TimedBackend final : public Backend {
   std::string_view name() const override { return inner_->name(); }
   Backend& inner() { return *inner_; }
 
-  // Seconds spent in ops of `kind` since the last reset().
+  // Wall / calling-thread CPU seconds spent in ops of `kind` since the last reset().
   double seconds(OpKind kind) const { return seconds_[static_cast<int>(kind)]; }
-  void reset() { seconds_.fill(0.0); }
+  double cpu_seconds(OpKind kind) const { return cpu_seconds_[static_cast<int>(kind)]; }
+  // Elements the ops of `kind` were given (the output of a GEMM, the activation tensor of
+  // the others; attention: q): a count of work that no other load on the machine changes,
+  // so the scaling of an op's work can be told apart from the scaling of its time.
+  double elements(OpKind kind) const { return elements_[static_cast<int>(kind)]; }
+  void reset() {
+    seconds_.fill(0.0);
+    cpu_seconds_.fill(0.0);
+    elements_.fill(0.0);
+  }
 
   void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             Tensor& c, bool accumulate) override {
-    Timer t(this, OpKind::kGemm);
+    Timer t(this, OpKind::kGemm, c.numel());
     inner_->gemm(site, a, trans_a, b, trans_b, c, accumulate);
     ledger_.add(inner_->ledger().records().back());
   }
   void add_bias(Tensor& y, const Tensor& bias) override {
-    Timer t(this, OpKind::kBias);
+    Timer t(this, OpKind::kBias, y.numel());
     inner_->add_bias(y, bias);
   }
   void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override {
-    Timer t(this, OpKind::kBias);
+    Timer t(this, OpKind::kBias, dy.numel());
     inner_->accumulate_bias_grad(dy, dbias);
   }
   NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                            double eps, bool zero_centered_gamma) override {
-    Timer t(this, OpKind::kNorm);
+    Timer t(this, OpKind::kNorm, x.numel());
     return inner_->norm_forward(kind, x, gamma, beta, eps, zero_centered_gamma);
   }
   Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
                        const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
                        Tensor& dbeta) override {
-    Timer t(this, OpKind::kNorm);
+    Timer t(this, OpKind::kNorm, x.numel());
     return inner_->norm_backward(kind, dy, x, gamma, saved, zero_centered_gamma, dgamma, dbeta);
   }
   Tensor activation_forward(Activation act, const Tensor& x) override {
-    Timer t(this, OpKind::kActivation);
+    Timer t(this, OpKind::kActivation, x.numel());
     return inner_->activation_forward(act, x);
   }
   Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override {
-    Timer t(this, OpKind::kActivation);
+    Timer t(this, OpKind::kActivation, x.numel());
     return inner_->activation_backward(act, dy, x);
   }
   AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const AttentionMask& mask, double scale) override {
-    Timer t(this, OpKind::kAttention);
+    Timer t(this, OpKind::kAttention, q.numel());
     return inner_->attention_forward(q, k, v, mask, scale);
   }
   AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const AttentionForward& saved,
                                     const AttentionMask& mask, double scale) override {
-    Timer t(this, OpKind::kAttention);
+    Timer t(this, OpKind::kAttention, q.numel());
     return inner_->attention_backward(dout, q, k, v, saved, mask, scale);
   }
   Tensor add(const Tensor& a, const Tensor& b) override {
-    Timer t(this, OpKind::kElementwise);
+    Timer t(this, OpKind::kElementwise, a.numel());
     return inner_->add(a, b);
   }
   void accumulate(Tensor& into, const Tensor& x) override {
-    Timer t(this, OpKind::kElementwise);
+    Timer t(this, OpKind::kElementwise, x.numel());
     inner_->accumulate(into, x);
   }
   Tensor scale(const Tensor& x, double s) override {
-    Timer t(this, OpKind::kElementwise);
+    Timer t(this, OpKind::kElementwise, x.numel());
     return inner_->scale(x, s);
   }
   double mse_loss(const Tensor& y, const Tensor& target) override {
-    Timer t(this, OpKind::kElementwise);
+    Timer t(this, OpKind::kElementwise, y.numel());
     return inner_->mse_loss(y, target);
   }
   Tensor mse_loss_backward(const Tensor& y, const Tensor& target) override {
-    Timer t(this, OpKind::kElementwise);
+    Timer t(this, OpKind::kElementwise, y.numel());
     return inner_->mse_loss_backward(y, target);
   }
 
@@ -113,21 +136,30 @@ class TimedBackend final : public Backend {
   // Adds the scope's wall time to its kind on destruction.
   class Timer {
    public:
-    Timer(TimedBackend* owner, OpKind kind)
-        : owner_(owner), kind_(kind), start_(std::chrono::steady_clock::now()) {}
+    Timer(TimedBackend* owner, OpKind kind, std::int64_t elements)
+        : owner_(owner),
+          kind_(kind),
+          start_(std::chrono::steady_clock::now()),
+          cpu_start_(thread_cpu_seconds()) {
+      owner_->elements_[static_cast<int>(kind)] += static_cast<double>(elements);
+    }
     ~Timer() {
       const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
       owner_->seconds_[static_cast<int>(kind_)] += d.count();
+      owner_->cpu_seconds_[static_cast<int>(kind_)] += thread_cpu_seconds() - cpu_start_;
     }
 
    private:
     TimedBackend* owner_;
     OpKind kind_;
     std::chrono::steady_clock::time_point start_;
+    double cpu_start_;
   };
 
   std::unique_ptr<Backend> inner_;
   std::array<double, static_cast<int>(OpKind::kCount)> seconds_{};
+  std::array<double, static_cast<int>(OpKind::kCount)> cpu_seconds_{};
+  std::array<double, static_cast<int>(OpKind::kCount)> elements_{};
 };
 
 }  // namespace tpcheck::bench

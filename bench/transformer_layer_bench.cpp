@@ -24,6 +24,10 @@
 //   t_other_ms     the rest: the layers' own code (reshapes, copies, collectives of size 1)
 //   t_nongemm_ms   iteration time minus t_gemm_ms
 //   t_min_ms, t_nongemm_min_ms  the same for the fastest iteration (robust to other load)
+//   cpu_<op>_ms, cpu_nongemm_ms, cpu_nongemm_min_ms  the same in the calling thread's CPU
+//                  time: the non-GEMM ops are single-threaded, so this is their work even
+//                  while other processes share the cores (timed_backend.h)
+//   n_<op>         elements handed to the ops of each kind per iteration (a work count)
 // Real time is reported (OpenBLAS threads make CPU time meaningless).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -104,15 +108,22 @@ void BM_TransformerLayer(benchmark::State& state) {
   // Minima over iterations: other work on a shared machine only ever adds time, so the
   // fastest iteration is the best estimate of the code's own cost.
   double min_seconds = 1e300, min_nongemm_seconds = 1e300;
+  double total_nongemm_cpu_seconds = 0.0, min_nongemm_cpu_seconds = 1e300;
   for (auto _ : state) {
     backend.ledger().clear();  // the ledger would otherwise grow by one layer per iteration
     const double gemm_before = backend.seconds(OpKind::kGemm);
+    const double gemm_cpu_before = backend.cpu_seconds(OpKind::kGemm);
+    const double cpu_start = thread_cpu_seconds();
     const auto start = std::chrono::steady_clock::now();
     LayerOutputs out = layer->forward(x);
     Tensor dx = layer->backward(grads);
     benchmark::DoNotOptimize(dx.raw());
     const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start;
+    const double cpu = thread_cpu_seconds() - cpu_start;
     total_seconds += d.count();
+    const double nongemm_cpu = cpu - (backend.cpu_seconds(OpKind::kGemm) - gemm_cpu_before);
+    total_nongemm_cpu_seconds += nongemm_cpu;
+    min_nongemm_cpu_seconds = std::min(min_nongemm_cpu_seconds, nongemm_cpu);
     min_seconds = std::min(min_seconds, d.count());
     min_nongemm_seconds =
         std::min(min_nongemm_seconds, d.count() - (backend.seconds(OpKind::kGemm) - gemm_before));
@@ -124,7 +135,13 @@ void BM_TransformerLayer(benchmark::State& state) {
     const double s = backend.seconds(static_cast<OpKind>(i));
     op_seconds += s;
     state.counters["t_" + std::string(kOpKindNames[i]) + "_ms"] = 1e3 * s / n;
+    state.counters["cpu_" + std::string(kOpKindNames[i]) + "_ms"] =
+        1e3 * backend.cpu_seconds(static_cast<OpKind>(i)) / n;
+    state.counters["n_" + std::string(kOpKindNames[i])] =
+        backend.elements(static_cast<OpKind>(i)) / n;
   }
+  state.counters["cpu_nongemm_ms"] = 1e3 * total_nongemm_cpu_seconds / n;
+  state.counters["cpu_nongemm_min_ms"] = 1e3 * min_nongemm_cpu_seconds;
   const double gemm_seconds = backend.seconds(OpKind::kGemm);
   state.counters["t_other_ms"] = 1e3 * (total_seconds - op_seconds) / n;
   state.counters["t_nongemm_ms"] = 1e3 * (total_seconds - gemm_seconds) / n;
