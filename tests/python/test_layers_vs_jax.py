@@ -61,6 +61,7 @@ def _cases():
         ("init_constant", {"init_method": "constant"}),
         ("fuse_wgrad_accumulation", {"fuse_wgrad_accumulation": True}),
         ("delay_wgrad_compute", {"delay_wgrad_compute": True}),
+        ("save_original_input", {"save_original_input": True}),
         ("parallel_column", {"parallel_mode": "column"}),
         ("parallel_row", {"parallel_mode": "row"}),
         ("column_sequence_parallel", {"parallel_mode": "column", "sequence_parallel": True}),
@@ -91,7 +92,6 @@ def _cases():
         ("init_constant", {"init_method": "constant"}),
         ("fuse_wgrad_accumulation", {"fuse_wgrad_accumulation": True}),
         ("delay_wgrad_compute", {"delay_wgrad_compute": True}),
-        ("save_original_input", {"save_original_input": True}),
         ("parallel_column", {"parallel_mode": "column"}),
         ("sequence_parallel", {"parallel_mode": "column", "sequence_parallel": True}),
     ])
