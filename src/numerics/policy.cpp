@@ -74,19 +74,21 @@ Verdict evaluate_allclose(const TensorComparison& c) {
 Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
   if (!c.has_truth) return fail("no fp64 truth run was compared; the truth policy needs one");
   const double u = p.unit_roundoff ? *p.unit_roundoff : dtype_unit_roundoff(c.dtype);
-  const double scale = p.floor_factor * u * std::sqrt(static_cast<double>(std::max<std::int64_t>(p.reduction_length, 1)));
+  const double k = static_cast<double>(std::max<std::int64_t>(p.reduction_length, 1));
+  const double scale = p.floor_factor * u * std::sqrt(k);
+  const double multiplier = p.multiplier * std::sqrt(static_cast<double>(std::max(p.tp_size, 1)));
   const double floor_max = scale * c.truth_max_abs;
   const double floor_rms = scale * c.truth_rms;
-  const double limit_max = p.multiplier * c.single_vs_truth.max_abs + floor_max;
-  const double limit_rms = p.multiplier * c.single_vs_truth.rms + floor_rms;
+  const double limit_max = multiplier * c.single_vs_truth.max_abs + floor_max;
+  const double limit_rms = multiplier * c.single_vs_truth.rms + floor_rms;
   const bool max_ok = c.sharded_vs_truth.max_abs <= limit_max;
   const bool rms_ok = c.sharded_vs_truth.rms <= limit_rms;
   std::string reason = fmt::format(
       "against truth: sharded max error {} vs single {} (limit {}×+floor {} = {}{}), RMS error {} "
       "vs single {} (limit {}×+floor {} = {}{})",
-      g3(c.sharded_vs_truth.max_abs), g3(c.single_vs_truth.max_abs), g3(p.multiplier),
+      g3(c.sharded_vs_truth.max_abs), g3(c.single_vs_truth.max_abs), g3(multiplier),
       g3(floor_max), g3(limit_max), max_ok ? "" : ", EXCEEDED", g3(c.sharded_vs_truth.rms),
-      g3(c.single_vs_truth.rms), g3(p.multiplier), g3(floor_rms), g3(limit_rms),
+      g3(c.single_vs_truth.rms), g3(multiplier), g3(floor_rms), g3(limit_rms),
       rms_ok ? "" : ", EXCEEDED");
   return max_ok && rms_ok ? pass(reason) : fail(reason);
 }

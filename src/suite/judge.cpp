@@ -19,8 +19,9 @@ double math_class_unit_roundoff(MathClass c) {
 
 // The truth policy's error model for this case (see TruthPolicyParams): u is the larger of
 // the storage dtype's unit roundoff and that of the coarsest GEMM class either run used;
-// K the longest GEMM reduction.
-TruthPolicyParams truth_params_for(const SuiteCase& c, const CaseRun& run, TruthPolicyParams p) {
+// K the longest GEMM reduction; N the TP size.
+TruthPolicyParams truth_params_for(const SuiteCase& c, int tp, const CaseRun& run,
+                                   TruthPolicyParams p) {
   double u = dtype_unit_roundoff(c.dtype);
   std::int64_t k = 1;
   for (const auto* ledger : {&run.single_gemms, &run.sharded_gemms}) {
@@ -31,6 +32,7 @@ TruthPolicyParams truth_params_for(const SuiteCase& c, const CaseRun& run, Truth
   }
   if (!p.unit_roundoff) p.unit_roundoff = u;
   p.reduction_length = std::max(p.reduction_length, k);
+  p.tp_size = tp;
   return p;
 }
 
@@ -47,7 +49,7 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
 
   std::vector<Policy> policies = config.policies;
   for (Policy& p : policies) {
-    if (p.kind == PolicyKind::kTruth) p.truth = truth_params_for(c, run, p.truth);
+    if (p.kind == PolicyKind::kTruth) p.truth = truth_params_for(c, tp, run, p.truth);
   }
   result.policies = policies;
 
