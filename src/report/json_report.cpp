@@ -77,6 +77,15 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
     diffs.push_back({{"site", d.site}, {"occurrence", d.occurrence},
                      {"single", gemm_json(d.single)}, {"sharded", gemm_json(d.sharded)}});
   }
+  json truth_model = json::object();
+  for (const Policy& p : result.policies) {
+    if (p.kind != PolicyKind::kTruth) continue;
+    truth_model = {{"multiplier", p.truth.multiplier},
+                   {"floor_factor", p.truth.floor_factor},
+                   {"unit_roundoff", p.truth.unit_roundoff ? json(*p.truth.unit_roundoff) : json()},
+                   {"reduction_length", p.truth.reduction_length},
+                   {"tp_size", p.truth.tp_size}};
+  }
   return {{"id", result.spec.id},
           {"module", result.spec.module},
           {"variant", result.spec.variant},
@@ -86,6 +95,7 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
           {"dtype", dtype_name(result.spec.dtype)},
           {"input_shape", result.spec.input_shape},
           {"verdicts", verdicts_json(result.verdicts, settings)},
+          {"truth_model", std::move(truth_model)},
           {"tensors", std::move(tensors)},
           {"gemm_class_diffs", std::move(diffs)},
           {"gemm_count", {{"single", result.gemm_count_single}, {"sharded_rank0", result.gemm_count_sharded}}},
