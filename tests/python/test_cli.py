@@ -1,0 +1,278 @@
+"""tests/python/test_cli.py — the `tpcheck` program end to end, as a user drives it.
+
+Exit codes (0 all pass, 1 some case failed, 2 usage or input error with nothing run), the
+console contract (one line per case, the reference suite's `NUMERICAL CHECK FAILED:` line,
+GEMM class changes, the last line exactly `N passed, M failed`), the JSON report
+(schema tpcheck.run/1) against the console, `list`, `mutations`, and the reference suite's
+fp32 false alarm reproduced on the CPU (issue 3, README).
+
+The program is found through the TPCHECK_CLI environment variable, which ctest sets; a
+missing variable is a failure, not a skip, so CI cannot silently test nothing.
+Runtime: about 2 s on the shared 2-core machine (filters keep every run small).
+"""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+SUMMARY_RE = re.compile(r"^(\d+) passed, (\d+) failed$")
+CASE_LINE_RE = re.compile(r"^(PASS|FAIL|WARN)\S* +(\S+) +\|")
+
+# The mutations issue 3 names (and the ones added since), independent of the C++ table.
+EXPECTED_MUTATIONS = {
+    "no-row-allreduce",
+    "double-allreduce",
+    "shard-off-by-one",
+    "column-bias-not-sharded",
+    "reversed-gather",
+    "norm-grad-not-reduced",
+    "attention-scale-local",
+    "dgrad-averaged",
+    "residual-before-reduce",
+    "no-dgrad-allreduce",
+    "row-bias-before-reduce",
+    "row-bias-grad-not-reduced",
+}
+
+
+@pytest.fixture(scope="module")
+def cli():
+    path = os.environ.get("TPCHECK_CLI")
+    assert path, "TPCHECK_CLI is not set (ctest sets it to the tpcheck program)"
+    assert os.access(path, os.X_OK), f"TPCHECK_CLI={path} is not an executable"
+    return path
+
+
+def tpcheck(cli, *args, timeout=120):
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def last_line(text):
+    lines = text.rstrip("\n").split("\n")
+    return lines[-1]
+
+
+def case_lines(stdout):
+    """(status, id) of every per-case line of a run's console output."""
+    out = []
+    for line in stdout.splitlines():
+        m = CASE_LINE_RE.match(line)
+        if m:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def listed_ids(cli, *args):
+    r = tpcheck(cli, "list", *args)
+    assert r.returncode == 0, r.stderr
+    return [line for line in r.stdout.splitlines() if not line.startswith("note:")]
+
+
+# ---- exit codes and the summary line ------------------------------------------------
+
+
+def test_linear_tp2_passes(cli):
+    r = tpcheck(cli, "run", "--tp", "2", "--filter", "^Linear")
+    assert r.returncode == 0, r.stdout + r.stderr
+    n = len(listed_ids(cli, "--tp", "2", "--filter", "^Linear"))
+    assert n == 32  # {column, row} × SP × 8 variants
+    assert last_line(r.stdout) == f"{n} passed, 0 failed"
+    cases = case_lines(r.stdout)
+    assert len(cases) == n and all(status == "PASS" for status, _ in cases)
+
+
+def test_mutation_fails_with_exit_1(cli):
+    r = tpcheck(cli, "run", "--tp", "2", "--filter", "^Linear", "--mutate", "no-row-allreduce")
+    assert r.returncode == 1, r.stdout + r.stderr
+    m = SUMMARY_RE.match(last_line(r.stdout))
+    assert m, f"last line is not 'N passed, M failed': {last_line(r.stdout)!r}"
+    passed, failed = int(m.group(1)), int(m.group(2))
+    assert failed > 0
+    assert passed + failed == 32
+    cases = case_lines(r.stdout)
+    assert sum(status == "FAIL" for status, _ in cases) == failed
+    # The bug is in the row-parallel reduction: column-parallel cases are untouched.
+    assert all(status == "PASS" for status, cid in cases if ".column." in cid)
+
+
+# ---- usage errors: exit 2, a message naming the value, nothing run --------------------
+
+USAGE_ERRORS = [
+    pytest.param(["--policy", "strict"], ["strict"], id="unknown-policy"),
+    pytest.param(["--suite", "megatron"], ["megatron"], id="unknown-suite"),
+    pytest.param(["--mutate", "no-such-bug"], ["no-such-bug"], id="unknown-mutation"),
+    pytest.param(["--cpu-gemm", "fp16"], ["fp16"], id="unknown-cpu-gemm"),
+    pytest.param(["--frobnicate"], ["--frobnicate"], id="unknown-option"),
+    pytest.param(["--filter", "^NoSuchModule"], ["^NoSuchModule"], id="filter-matches-nothing"),
+    pytest.param(["--filter", "(Linear"], ["(Linear"], id="invalid-regex"),
+    # The defaults (hidden 64) do not fit tp 3 either; the message names the tp and a size.
+    pytest.param(["--tp", "3", "--heads", "4"], ["--tp 3"], id="tp3-heads4"),
+    # Every other size a multiple of 3: the explicit heads is what tp 3 does not divide.
+    pytest.param(["--tp", "3", "--heads", "4", "--hidden", "48", "--ffn", "48", "--batch", "48"],
+                 ["--tp 3", "heads 4"], id="tp3-explicit-heads-only"),
+    pytest.param(["--tp", "0"], ["--tp", "0"], id="tp0"),
+    pytest.param(["--tp", "four"], ["four"], id="tp-not-a-number"),
+]
+
+
+@pytest.mark.parametrize("args,named", USAGE_ERRORS)
+def test_usage_error(cli, tmp_path, args, named):
+    report = tmp_path / "report.json"
+    r = tpcheck(cli, "run", *args, "--json", str(report))
+    assert r.returncode == 2, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    message = r.stderr + r.stdout
+    for value in named:
+        assert value in message, f"message does not name {value!r}: {message!r}"
+    assert case_lines(r.stdout) == [], f"cases ran before the error:\n{r.stdout}"
+    assert not SUMMARY_RE.match(last_line(r.stdout or "\n")), r.stdout
+    assert not report.exists(), "a JSON report was written for a run that never started"
+
+
+# ---- list and mutations ----------------------------------------------------------------
+
+
+def test_list_prints_118_unique_ids(cli):
+    ids = listed_ids(cli)
+    assert len(ids) == 118
+    assert len(set(ids)) == 118
+    assert all(re.fullmatch(r"[A-Za-z]+(\.(column|row))?\.sp[01]\.\S+", i) for i in ids), ids
+    # At tp 8 the defaults are adjusted, and `list` says so before the ids.
+    r = tpcheck(cli, "list", "--tp", "8")
+    assert r.returncode == 0
+    notes = [line for line in r.stdout.splitlines() if line.startswith("note:")]
+    assert any("heads" in n for n in notes), r.stdout
+    assert len(listed_ids(cli, "--tp", "8")) == 118
+
+
+def test_mutations_lists_every_name_and_each_is_accepted(cli):
+    r = tpcheck(cli, "mutations")
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+    assert len(names) == len(set(names))
+    assert EXPECTED_MUTATIONS <= set(names), EXPECTED_MUTATIONS - set(names)
+    assert len(names) >= 10
+    for line in r.stdout.splitlines():
+        assert len(line.split(None, 1)) == 2, f"mutation without a description: {line!r}"
+    for name in names:  # every listed name is one `run --mutate` accepts (one tiny case)
+        m = tpcheck(cli, "run", "--tp", "2", "--filter", r"^Linear\.row\.sp1\.default$",
+                    "--mutate", name)
+        assert m.returncode in (0, 1), f"--mutate {name}: exit {m.returncode}\n{m.stderr}"
+
+
+# ---- the reference suite's fp32 false alarm, and the JSON report ----------------------
+
+FALSE_ALARM = ["--tp", "4", "--cpu-gemm", "auto", "--atol", "1e-5", "--filter", "LayerNormMLP"]
+GEMM_CLASS_LINE_RE = re.compile(
+    r"gemm class differs at mlp\.fc2/fwd: single tf32 \(.*\) vs sharded fp32 \(.*\)")
+
+
+@pytest.fixture(scope="module")
+def false_alarm_run(cli, tmp_path_factory):
+    report = tmp_path_factory.mktemp("json") / "report.json"
+    r = tpcheck(cli, "run", *FALSE_ALARM, "--policy", "te", "--json", str(report))
+    assert report.exists(), r.stdout + r.stderr
+    with open(report) as f:
+        return r, json.load(f)
+
+
+def test_reference_false_alarm_reproduces_under_te(false_alarm_run):
+    r, _ = false_alarm_run
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    failed_lines = [line for line in lines if "NUMERICAL CHECK FAILED:" in line]
+    assert failed_lines, r.stdout
+    assert re.search(r"NUMERICAL CHECK FAILED: \S+ not close enough at index \d+ with \S+ vs \S+ "
+                     r"\| rel\. error = \S+ \(tol = 0\.001\) \| abs\. error = \S+ "
+                     r"\(tol = 1e-05\)", failed_lines[0]), failed_lines[0]
+    assert any(GEMM_CLASS_LINE_RE.search(line) for line in lines), r.stdout
+    m = SUMMARY_RE.match(last_line(r.stdout))
+    assert m and int(m.group(2)) > 0
+
+
+def test_same_case_passes_under_truth(cli):
+    r = tpcheck(cli, "run", *FALSE_ALARM, "--policy", "truth")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert last_line(r.stdout) == "26 passed, 0 failed"
+    # The GEMM class change is still reported; truth just knows it is rounding.
+    assert any(GEMM_CLASS_LINE_RE.search(line) for line in r.stdout.splitlines())
+
+
+def test_json_schema_and_environment(false_alarm_run):
+    _, report = false_alarm_run
+    assert report["schema"] == "tpcheck.run/1"
+    env = report["environment"]
+    assert env["backend"] == "cpu"
+    assert env["tp"] == 4
+    assert env["seed"] == 1234
+    assert env["policy"] == "te"
+    assert env["cpu_gemm"] == "auto"
+    assert env["mutation"] == "none"
+    assert set(report["summary"]) >= {"passed", "failed"}
+
+
+POLICIES = ("te", "allclose", "truth", "bitwise")
+STATISTICS = ("max_abs_diff", "argmax", "rel_at_max", "norm_rel_diff", "count_over_allclose",
+              "sharded_value", "single_value")
+
+
+def test_json_cases_and_tensors(false_alarm_run):
+    _, report = false_alarm_run
+    cases = report["cases"]
+    assert len(cases) == 26
+    for case in cases:
+        for key in ("id", "module", "options", "tp", "sequence_parallel", "dtype", "verdicts",
+                    "tensors", "gemm_class_diffs"):
+            assert key in case, f"{case.get('id')}: no {key!r}"
+        assert case["module"] == "LayerNormMLP"
+        assert case["tp"] == 4
+        assert case["sequence_parallel"] == case["options"]["sequence_parallel"]
+        assert case["dtype"] in ("f32", "f16")
+        assert set(case["verdicts"]) == set(POLICIES)
+        for v in case["verdicts"].values():
+            assert v["status"] in ("pass", "warning", "fail") and v["reason"]
+        names = [t["name"] for t in case["tensors"]]
+        assert "output" in names
+        assert any(t["kind"] == "gradient" for t in case["tensors"])
+        for t in case["tensors"]:
+            s = t["statistics"]
+            for key in STATISTICS:
+                assert key in s, f"{case['id']}/{t['name']}: no {key!r}"
+            truth = s["truth"]
+            for run in ("single_error", "sharded_error"):
+                assert set(truth[run]) >= {"max_abs", "rms", "argmax"}
+            assert set(t["verdicts"]) == set(POLICIES)
+            # The te verdict is the reference rule at the argmax, recomputed here.
+            if s["tolerance"]["atol"] == 1e-5 and isinstance(s["max_abs_diff"], float):
+                te_fails = (s["rel_at_max"] > s["tolerance"]["rtol"]
+                            and s["max_abs_diff"] > s["tolerance"]["atol"])
+                assert (t["verdicts"]["te"]["status"] == "fail") == te_fails, (case["id"], t)
+        # A case fails a policy iff one of its tensors does.
+        for p in POLICIES:
+            any_tensor_fails = any(t["verdicts"][p]["status"] == "fail" for t in case["tensors"])
+            assert (case["verdicts"][p]["status"] == "fail") == any_tensor_fails, (case["id"], p)
+    # --cpu-gemm auto: the sharded fc2 forward has K = ffn/tp = 8 (fp32), the single K = 32.
+    diffs = [d for case in cases for d in case["gemm_class_diffs"]]
+    assert diffs
+    fc2 = [d for d in diffs if d["site"] == "mlp.fc2/fwd"]
+    assert fc2
+    for d in fc2:
+        assert d["single"]["math_class"] == "tf32" and d["single"]["k"] == 32
+        assert d["sharded"]["math_class"] == "fp32" and d["sharded"]["k"] == 8
+
+
+def test_json_agrees_with_the_console(false_alarm_run):
+    r, report = false_alarm_run
+    console = dict((cid, status) for status, cid in case_lines(r.stdout))
+    assert len(console) == len(report["cases"])
+    for case in report["cases"]:
+        failed = case["verdicts"]["te"]["status"] == "fail"
+        assert console[case["id"]] == ("FAIL" if failed else "PASS") or (
+            not failed and console[case["id"]] == "WARN"), case["id"]
+    summary = report["summary"]
+    n_failed = sum(c["verdicts"]["te"]["status"] == "fail" for c in report["cases"])
+    assert summary["failed"] == n_failed
+    assert summary["passed"] == len(report["cases"]) - n_failed
+    assert last_line(r.stdout) == f"{summary['passed']} passed, {summary['failed']} failed"
