@@ -75,10 +75,18 @@ Resolved resolve_sizes(int tp, const SuiteSizes& s, std::vector<std::string>& no
     TPCHECK_CHECK_INPUT(value % tp == 0, "--tp {} does not divide {} {}{}", tp, flag, value,
                         given ? "" : " (default; pass a multiple of the tp size)");
   };
-  check("hidden", r.hidden, s.hidden.has_value());
-  check("ffn", r.ffn, s.ffn.has_value());
-  check("heads", r.heads, s.heads.has_value());
-  check("batch", r.batch, s.batch.has_value());  // row-parallel Linear splits its tokens
+  // Sizes the user gave are checked first, so the message names the one they typed.
+  // (batch: row-parallel Linear under SP splits its tokens.)
+  const std::pair<const char*, std::pair<std::int64_t, bool>> sizes[] = {
+      {"hidden", {r.hidden, s.hidden.has_value()}},
+      {"ffn", {r.ffn, s.ffn.has_value()}},
+      {"heads", {r.heads, s.heads.has_value()}},
+      {"batch", {r.batch, s.batch.has_value()}}};
+  for (bool explicit_pass : {true, false}) {
+    for (const auto& [flag, value_given] : sizes) {
+      if (value_given.second == explicit_pass) check(flag, value_given.first, value_given.second);
+    }
+  }
   TPCHECK_CHECK_INPUT(r.hidden % r.heads == 0, "--heads {} does not divide --hidden {}", r.heads,
                       r.hidden);
   return r;
