@@ -54,12 +54,17 @@ inline void mulhilo32(std::uint32_t a, std::uint32_t b, std::uint32_t* hi, std::
   *lo = static_cast<std::uint32_t>(product);
 }
 
-std::array<std::uint32_t, 4> philox_block(std::uint64_t seed, std::string_view name,
-                                          std::uint64_t index) {
-  std::uint64_t h = fnv1a64(name);
+// `name_hash` is fnv1a64(name), computed once per tensor by the callers that loop.
+std::array<std::uint32_t, 4> philox_block_hashed(std::uint64_t seed, std::uint64_t h,
+                                                 std::uint64_t index) {
   return philox4x32_10({static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
                         static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(h >> 32)},
                        {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+}
+
+std::array<std::uint32_t, 4> philox_block(std::uint64_t seed, std::string_view name,
+                                          std::uint64_t index) {
+  return philox_block_hashed(seed, fnv1a64(name), index);
 }
 
 // (k + 1/2) · 2^-53 for the top 53 bits k of (hi << 32 | lo); see the file comment.
@@ -68,6 +73,13 @@ double to_open01(std::uint32_t hi, std::uint32_t lo) {
   constexpr std::uint64_t kExactBelow = std::uint64_t{1} << 52;
   if (k < kExactBelow) return (static_cast<double>(k) + 0.5) * 0x1p-53;
   return static_cast<double>(k) * 0x1p-53;  // k ≥ 2^52 > 0, and k ≤ 2^53 - 1 < 2^53
+}
+
+// Box–Muller on one block: two uniforms in (0, 1), one standard normal.
+double normal_from_block(const std::array<std::uint32_t, 4>& w) {
+  double u1 = to_open01(w[0], w[1]);
+  double u2 = to_open01(w[2], w[3]);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
 }  // namespace
@@ -103,24 +115,32 @@ double rng_uniform01(std::uint64_t seed, std::string_view name, std::uint64_t in
 }
 
 double rng_normal(std::uint64_t seed, std::string_view name, std::uint64_t index) {
-  std::array<std::uint32_t, 4> w = philox_block(seed, name, index);
-  double u1 = to_open01(w[0], w[1]);
-  double u2 = to_open01(w[2], w[3]);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  return normal_from_block(philox_block(seed, name, index));
 }
 
-double fill_value(const FillSpec& fill, std::uint64_t seed, std::string_view name,
-                  std::uint64_t global_index) {
+namespace {
+
+double fill_value_hashed(const FillSpec& fill, std::uint64_t seed, std::uint64_t name_hash,
+                         std::uint64_t global_index) {
   switch (fill.kind) {
     case FillSpec::Kind::kNormal:
-      return fill.a + fill.b * rng_normal(seed, name, global_index);
-    case FillSpec::Kind::kUniform:
-      return fill.a + (fill.b - fill.a) * rng_uniform01(seed, name, global_index);
+      return fill.a + fill.b * normal_from_block(philox_block_hashed(seed, name_hash, global_index));
+    case FillSpec::Kind::kUniform: {
+      std::array<std::uint32_t, 4> w = philox_block_hashed(seed, name_hash, global_index);
+      return fill.a + (fill.b - fill.a) * to_open01(w[0], w[1]);
+    }
     case FillSpec::Kind::kConstant:
       return fill.a;
   }
   TPCHECK_CHECK(false, "unknown FillSpec kind {}", static_cast<int>(fill.kind));
   return 0.0;
+}
+
+}  // namespace
+
+double fill_value(const FillSpec& fill, std::uint64_t seed, std::string_view name,
+                  std::uint64_t global_index) {
+  return fill_value_hashed(fill, seed, fnv1a64(name), global_index);
 }
 
 Tensor generate(const FillSpec& fill, std::uint64_t seed, std::string_view name,
@@ -138,10 +158,12 @@ Tensor generate(const FillSpec& fill, std::uint64_t seed, std::string_view name,
   } else {
     inner = std::max<std::int64_t>(out.numel(), 1);
   }
+  const std::uint64_t name_hash = fnv1a64(name);  // once per tensor, not per element
   for (std::int64_t run = 0; run < out.numel(); run += inner) {
     std::int64_t g = global_flat_index(global_shape, spec, rank, world, run);
     for (std::int64_t c = 0; c < inner; ++c) {
-      out.set(run + c, fill_value(fill, seed, name, static_cast<std::uint64_t>(g + c)));
+      out.set(run + c,
+              fill_value_hashed(fill, seed, name_hash, static_cast<std::uint64_t>(g + c)));
     }
   }
   return out;
