@@ -114,7 +114,7 @@ enum class PolicyKind { kTe, kAllclose, kTruth, kBitwise };
 //     GEMM class have errors of the same order, so a ratio test is scale free.
 // The defaults are calibrated in docs/POLICIES.md from measured error ratios.
 struct TruthPolicyParams {
-  double multiplier = 3.0;
+  double multiplier = 4.0;
   double floor_factor = 1.0;
   std::optional<double> unit_roundoff;  // u; default dtype_unit_roundoff(dtype)
   std::int64_t reduction_length = 1;    // K
