@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "tpcheck/gemm_record.h"
@@ -148,5 +149,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 // fix it; the thread-rank runner uses 1 (the ranks are the parallelism).
 void set_cpu_gemm_threads(int threads);
 int cpu_gemm_threads();
+// The CPU GEMM library and its build ("OpenBLAS 0.3.21 ..."), for reports.
+std::string cpu_gemm_library();
 
 }  // namespace tpcheck

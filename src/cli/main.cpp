@@ -114,6 +114,10 @@ int run_command(const RunArgs& a) {
   }
   settings.compare = CompareOptions{a.rtol, a.atol};
   settings.notes = suite.notes;
+  if (const DeviceInfo devices = query_devices(); devices.cuda_devices > 0) {
+    settings.notes.push_back(fmt::format(
+        "{} found; the CUDA backend is not built yet, so this run uses the CPU", devices.description));
+  }
 
   // Ranks are the parallelism; one BLAS thread keeps results independent of the machine.
   set_cpu_gemm_threads(1);

@@ -120,6 +120,7 @@ json run_to_json(const std::vector<CaseResult>& results, const RunSettings& sett
             {"date", date},
             {"backend", settings.backend},
             {"devices", device.description},
+            {"cpu_gemm_library", cpu_gemm_library()},
             {"cpu_gemm_threads", cpu_gemm_threads()},
             {"suite", settings.suite},
             {"tp", settings.tp},

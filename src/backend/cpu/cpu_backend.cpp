@@ -12,5 +12,6 @@ std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend
 
 void set_cpu_gemm_threads(int threads) { openblas_set_num_threads(threads); }
 int cpu_gemm_threads() { return openblas_get_num_threads(); }
+std::string cpu_gemm_library() { return openblas_get_config(); }
 
 }  // namespace tpcheck

@@ -13,7 +13,9 @@ DeviceInfo query_devices() {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
-    info.description = status != cudaSuccess ? cudaGetErrorString(status) : "no CUDA device";
+    info.description = status != cudaSuccess
+                           ? std::string("no CUDA device: ") + cudaGetErrorString(status)
+                           : "no CUDA device";
     return info;
   }
   cudaDeviceProp prop{};
