@@ -76,6 +76,10 @@ struct CaseRun {
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config);
 
+// Builds the case's layers — unsharded, and rank 0 of the sharded group — without running
+// them, so bad options or sizes fail (Error(kInput)) before any case runs.
+void check_case(const SuiteCase& c, const RunConfig& config);
+
 // ---- judging ----------------------------------------------------------------------
 
 struct JudgeConfig {

@@ -122,6 +122,7 @@ int run_command(const RunArgs& a) {
   // Ranks are the parallelism; one BLAS thread keeps results independent of the machine.
   set_cpu_gemm_threads(1);
   RunConfig config{a.tp, a.seed, mutation, rule};
+  for (const SuiteCase& c : cases) check_case(c, config);  // nothing half-run on bad input
   JudgeConfig judge{settings.policies, settings.compare};
 
   print_header(std::cout, settings, cases.size());

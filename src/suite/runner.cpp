@@ -122,7 +122,40 @@ RankResult run_unsharded(const SuiteCase& c, const nlohmann::json& options, DTyp
   return run_rank(c, options, dtype, rule, Mutation::kNone, seed, *comm, layouts);
 }
 
+// Stands in for rank 0 of a group of `size` when layers are only constructed (which needs
+// the size and rank, never a collective).
+class ConstructionOnlyCommunicator : public Communicator {
+ public:
+  explicit ConstructionOnlyCommunicator(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  Tensor all_gather(const Tensor&, int) override { return unused(); }
+  Tensor reduce_scatter(const Tensor&, int) override { return unused(); }
+  void all_reduce(Tensor&, ReduceOp) override { unused(); }
+  void broadcast(Tensor&, int) override { unused(); }
+  void barrier() override { unused(); }
+  void abort(const std::string&) override {}
+
+ private:
+  static Tensor unused() {
+    TPCHECK_CHECK(false, "check_case constructs layers only; no collective may run");
+    return Tensor();
+  }
+  int size_;
+};
+
 }  // namespace
+
+void check_case(const SuiteCase& c, const RunConfig& config) {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  nlohmann::json unsharded = c.options;
+  unsharded["sequence_parallel"] = false;
+  std::unique_ptr<Communicator> single = make_single_communicator();
+  make_layer(LayerSpec{c.module, unsharded}, ModuleContext{backend.get(), single.get(), config.seed});
+  ConstructionOnlyCommunicator group(config.tp);
+  make_layer(LayerSpec{c.module, c.options},
+             ModuleContext{backend.get(), &group, config.seed, config.mutation});
+}
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   const auto start = std::chrono::steady_clock::now();

@@ -89,6 +89,13 @@ Resolved resolve_sizes(int tp, const SuiteSizes& s, std::vector<std::string>& no
   }
   TPCHECK_CHECK_INPUT(r.hidden % r.heads == 0, "--heads {} does not divide --hidden {}", r.heads,
                       r.hidden);
+  TPCHECK_CHECK_INPUT(r.seq > 0, "--seq must be positive, got {}", r.seq);
+  // The window_size (2, 2) case (causal: (2, 0)) needs a window bound below the
+  // TransformerLayer sequence length N·seq.
+  TPCHECK_CHECK_INPUT(tp * r.seq > 2,
+                      "--seq {} at --tp {} gives TransformerLayer a sequence of {}; the "
+                      "window_size (2, 2) case needs more than 2",
+                      r.seq, tp, tp * r.seq);
   return r;
 }
 

@@ -114,6 +114,9 @@ USAGE_ERRORS = [
     pytest.param(["--tp", "3", "--heads", "4", "--hidden", "48", "--ffn", "48", "--batch", "48"],
                  ["--tp 3", "heads 4"], id="tp3-explicit-heads-only"),
     pytest.param(["--tp", "0"], ["--tp", "0"], id="tp0"),
+    pytest.param(["--seq", "0"], ["--seq", "0"], id="seq0"),
+    # The window_size (2, 2) case needs a TransformerLayer sequence (tp·seq) above 2.
+    pytest.param(["--tp", "2", "--seq", "1"], ["--seq 1", "window_size"], id="seq-below-window"),
     pytest.param(["--tp", "four"], ["four"], id="tp-not-a-number"),
 ]
 
