@@ -12,7 +12,7 @@ apt_packages=(
   libopenblas-dev      # CPU GEMMs (sgemm / dgemm)
   libgtest-dev libgmock-dev  # unit tests
   libbenchmark-dev     # bench/ programs
-  python3 python3-pip
+  python3 python3-pip python3-venv
 )
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -28,4 +28,9 @@ fi
 #   jax (x64, CPU)  autodiff reference for every layer
 #   ml_dtypes       bit-exact reference for the number formats
 #   safetensors, numpy, pytest
-python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/python/requirements.txt"
+# They go into .venv (Debian's own python3 refuses system-wide pip installs, PEP 668);
+# --system-site-packages reuses what the machine already has.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+[ -x "$root/.venv/bin/python" ] || python3 -m venv --system-site-packages "$root/.venv"
+"$root/.venv/bin/python" -m pip install -q --disable-pip-version-check \
+  -r "$root/tests/python/requirements.txt"
