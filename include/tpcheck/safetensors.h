@@ -22,6 +22,8 @@ struct SafetensorsFile {
 };
 
 void write_safetensors(const std::string& path, const SafetensorsFile& file);
+// The format's name of a dtype: "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2".
+std::string safetensors_dtype_name(DType dtype);
 SafetensorsFile read_safetensors(const std::string& path);
 
 }  // namespace tpcheck

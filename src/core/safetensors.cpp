@@ -34,24 +34,6 @@ constexpr std::size_t kHeaderAlignment = 8;
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr const char* kKnownDtypes = "F64, F32, F16, BF16, F8_E4M3, F8_E5M2";
 
-std::string safetensors_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF64:
-      return "F64";
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF8E4M3:
-      return "F8_E4M3";
-    case DType::kF8E5M2:
-      return "F8_E5M2";
-  }
-  TPCHECK_CHECK(false, "unknown DType {}", static_cast<int>(dtype));
-  return {};
-}
 
 bool parse_safetensors_dtype(const std::string& name, DType* out) {
   for (DType d :
@@ -150,6 +132,25 @@ std::vector<char> read_all(const std::string& path) {
 }
 
 }  // namespace
+
+std::string safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+      return "F64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
+  }
+  TPCHECK_CHECK(false, "unknown DType {}", static_cast<int>(dtype));
+  return {};
+}
 
 void write_safetensors(const std::string& path, const SafetensorsFile& file) {
   // Data order of the reference implementation: larger elements first, then by name.

@@ -22,24 +22,6 @@
 namespace tpcheck {
 namespace {
 
-std::string safetensors_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF64:
-      return "F64";
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF8E4M3:
-      return "F8_E4M3";
-    case DType::kF8E5M2:
-      return "F8_E5M2";
-  }
-  return "?";
-}
-
 nlohmann::json describe(const SafetensorsFile& file) {
   nlohmann::json out;
   out["metadata"] = file.metadata;
@@ -51,7 +33,7 @@ nlohmann::json describe(const SafetensorsFile& file) {
     for (std::size_t i = 0; i < t.nbytes(); ++i) hex += fmt::format("{:02x}", bytes[i]);
     nlohmann::json values = nlohmann::json::array();
     for (std::int64_t i = 0; i < t.numel(); ++i) values.push_back(fmt::format("{}", t.at(i)));
-    out["tensors"][name] = {{"dtype", safetensors_name(t.dtype())},
+    out["tensors"][name] = {{"dtype", safetensors_dtype_name(t.dtype())},
                             {"shape", t.shape()},
                             {"hex", hex},
                             {"values", values}};
