@@ -11,8 +11,8 @@
 // requirement talks about ("no loop outside the GEMM ...") on every run of the benchmark,
 // with no extra tools, and costs two clock reads per op (ops here take micro- to
 // milliseconds).
-// The GEMM ledger: the inner backend records each GEMM in its own ledger; the decorator
-// copies the record into its own, so `ledger()` of either holds the same records.
+// A BackendWrapper: it shares the inner backend's state (GEMM rule, ledger, rank), so
+// `set_gemm_rule` and `ledger()` on either are the same, and GEMMs pass the one front end.
 // Thread safety: like every Backend, one rank (thread) at a time.
 #pragma once
 
@@ -41,11 +41,16 @@ inline double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-class TimedBackend final : public Backend {
- public:
-  explicit TimedBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+// Owns the wrapped backend; a base so it is built before BackendWrapper takes a reference.
+struct OwnedBackend {
+  std::unique_ptr<Backend> inner_;
+};
 
-  std::string_view name() const override { return inner_->name(); }
+class TimedBackend final : private OwnedBackend, public BackendWrapper {
+ public:
+  explicit TimedBackend(std::unique_ptr<Backend> inner)
+      : OwnedBackend{std::move(inner)}, BackendWrapper(*inner_) {}
+
   Backend& inner() { return *inner_; }
 
   // Wall / calling-thread CPU seconds spent in ops of `kind` since the last reset().
@@ -61,12 +66,6 @@ class TimedBackend final : public Backend {
     elements_.fill(0.0);
   }
 
-  void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-            Tensor& c, bool accumulate) override {
-    Timer t(this, OpKind::kGemm, c.numel());
-    inner_->gemm(site, a, trans_a, b, trans_b, c, accumulate);
-    ledger_.add(inner_->ledger().records().back());
-  }
   void add_bias(Tensor& y, const Tensor& bias) override {
     Timer t(this, OpKind::kBias, y.numel());
     inner_->add_bias(y, bias);
@@ -126,10 +125,12 @@ class TimedBackend final : public Backend {
     return inner_->mse_loss_backward(y, target);
   }
 
-  // The rule lives in the inner backend, which is the one that picks classes.
-  void set_rule(const GemmClassRule& rule) {
-    set_gemm_rule(rule);
-    inner_->set_gemm_rule(rule);
+  void set_rule(const GemmClassRule& rule) { set_gemm_rule(rule); }
+
+ protected:
+  void run_gemm(const GemmProblem& p, GemmRecord& record) override {
+    Timer t(this, OpKind::kGemm, p.m * p.n);
+    BackendWrapper::run_gemm(p, record);
   }
 
  private:
@@ -156,7 +157,6 @@ class TimedBackend final : public Backend {
     double cpu_start_;
   };
 
-  std::unique_ptr<Backend> inner_;
   std::array<double, static_cast<int>(OpKind::kCount)> seconds_{};
   std::array<double, static_cast<int>(OpKind::kCount)> cpu_seconds_{};
   std::array<double, static_cast<int>(OpKind::kCount)> elements_{};

@@ -81,18 +81,83 @@ struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 
+// ---- GEMM ------------------------------------------------------------------------
+// What a GEMM does to its f32 (f64) accumulator before the single rounding to C's dtype,
+// as cuBLASLt's epilogues do (and as the reference library asks for them):
+//   bias         D = P + bias[n]                                   (CUBLASLT_EPILOGUE_BIAS)
+//   kGelu        pre = P (+ bias); D = gelu(pre); `aux` receives pre rounded to C's
+//                dtype (the gelu input the backward needs)        (GELU_AUX[_BIAS])
+//   kDgelu       D = P · gelu'(aux), aux read in its dtype          (DGELU)
+// where P = op(A)·op(B). With `accumulate`, C's stored value is added to D last.
+struct GemmEpilogue {
+  enum class Activation { kNone, kGelu, kDgelu };
+  const Tensor* bias = nullptr;   // [n], any float dtype; nullptr: no bias
+  Activation activation = Activation::kNone;
+  Tensor* aux = nullptr;          // [m, n]: written by kGelu, read by kDgelu
+  bool any() const { return bias != nullptr || activation != Activation::kNone; }
+};
+std::string_view gemm_epilogue_name(const GemmEpilogue& e);  // "none", "bias", "gelu_aux_bias", ...
+
+// One GEMM as the front end hands it to an engine: validated, the math class chosen,
+// and canonicalized once to the column-major form BLAS and cuBLASLt take.
+//
+// The caller writes row-major C[m, n] (+)= op(A)[m, k] · op(B)[k, n]. Read column-major,
+// a row-major [r, c] matrix is its own transpose [c, r], so the same memory holds
+//   Cᵀ[n, m] = op(B)ᵀ[n, k] · op(A)ᵀ[k, m]:
+// the column-major product has M = n, N = m, its first operand is B (leading dimension
+// B's row length), its second is A. `col` is that form; engines use it and nothing else.
+struct GemmProblem {
+  std::string_view site;
+  // Row-major, as called.
+  std::int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false, accumulate = false;
+  const Tensor* a = nullptr;
+  const Tensor* b = nullptr;
+  Tensor* c = nullptr;
+  GemmEpilogue epilogue;
+  MathClass math_class = MathClass::kFp32;  // asked for by the class rule
+  // Column-major: D[M, N] = op(X)[M, K] · op(Y)[K, N], leading dimensions in elements.
+  struct ColumnMajor {
+    std::int64_t m = 0, n = 0, k = 0;
+    const Tensor* x = nullptr;  // = B
+    bool trans_x = false;
+    std::int64_t ldx = 0;
+    const Tensor* y = nullptr;  // = A
+    bool trans_y = false;
+    std::int64_t ldy = 0;
+    std::int64_t ldd = 0;
+  } col;
+};
+
 // ---- the interface -----------------------------------------------------------------
+class BackendWrapper;
+
+// What a backend and every wrapper around it share: the GEMM class rule, the ledger and
+// the rank the records are stamped with. A wrapper holds the same object as its target,
+// so a set_* call on either reaches both.
+struct BackendState {
+  GemmClassRule gemm_rule;
+  GemmLedger ledger;
+  int rank = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Where this backend's tensors live; layers allocate their buffers there.
+  virtual Device device() const = 0;
 
+  // The one entry point of every GEMM (non-virtual): validates the operands, chooses
+  // the math class (gemm_rule()), canonicalizes to column-major (GemmProblem), runs the
+  // backend's engine and appends one GemmRecord, stamped with site and rank, to the
+  // ledger.
   // C = op(A) · op(B)  (accumulate: C += op(A) · op(B)); op(X) = Xᵀ when trans_x.
   // A is [m, k] ([k, m] if trans_a), B is [k, n] ([n, k] if trans_b), C is [m, n] and
-  // must be allocated by the caller, in any dtype (its dtype is the output dtype).
-  // Records a GemmRecord under `site`.
-  virtual void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
-                    bool trans_b, Tensor& c, bool accumulate) = 0;
+  // must be allocated by the caller, in any dtype (its dtype is the output dtype); rank
+  // > 2 tensors are viewed as [rows, last dim]. All three on device().
+  void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            Tensor& c, bool accumulate, const GemmEpilogue& epilogue = {});
 
   // y[.., n] += bias[n] (in place).
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
@@ -129,17 +194,90 @@ class Backend {
   virtual double mse_loss(const Tensor& y, const Tensor& target) = 0;
   virtual Tensor mse_loss_backward(const Tensor& y, const Tensor& target) = 0;
 
-  void set_gemm_rule(const GemmClassRule& rule) { gemm_rule_ = rule; }
-  const GemmClassRule& gemm_rule() const { return gemm_rule_; }
-  GemmLedger& ledger() { return ledger_; }
-  const GemmLedger& ledger() const { return ledger_; }
+  // Waits until every op issued so far has finished (a no-op on the CPU).
+  virtual void synchronize() {}
+
+  void set_gemm_rule(const GemmClassRule& rule) { state_->gemm_rule = rule; }
+  const GemmClassRule& gemm_rule() const { return state_->gemm_rule; }
+  void set_rank(int rank) { state_->rank = rank; }
+  int rank() const { return state_->rank; }
+  GemmLedger& ledger() { return state_->ledger; }
+  const GemmLedger& ledger() const { return state_->ledger; }
 
  protected:
+  // The backend's GEMM engine: computes `p` (column-major form in p.col, epilogue, beta
+  // = 1 when accumulating) and completes `record` with what really ran: the math class
+  // (the engine may refine the requested one: cuBLASLt reports the algorithm's class),
+  // the implementation text and, on CUDA, the cuBLASLt part.
+  virtual void run_gemm(const GemmProblem& p, GemmRecord& record) = 0;
+
   // The class `gemm_rule()` gives a GEMM with these input dtypes and reduction length.
   MathClass choose_math_class(DType a, DType b, std::int64_t k) const;
 
-  GemmClassRule gemm_rule_;
-  GemmLedger ledger_;
+ private:
+  friend class BackendWrapper;
+  std::shared_ptr<BackendState> state_ = std::make_shared<BackendState>();
+};
+
+// Forwards every op to a target backend and shares its state (rule, ledger, rank), so a
+// decorator (timing, recording) overrides only what it adds and cannot bypass the
+// target. GEMMs still pass the front end once: the wrapper's gemm() validates and
+// records, and its engine is the target's.
+class BackendWrapper : public Backend {
+ public:
+  explicit BackendWrapper(Backend& target) : target_(target) { adopt_state(target); }
+
+  std::string_view name() const override { return target_.name(); }
+  Device device() const override { return target_.device(); }
+  void add_bias(Tensor& y, const Tensor& bias) override { target_.add_bias(y, bias); }
+  void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override {
+    target_.accumulate_bias_grad(dy, dbias);
+  }
+  NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           double eps, bool zero_centered_gamma) override {
+    return target_.norm_forward(kind, x, gamma, beta, eps, zero_centered_gamma);
+  }
+  Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                       const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
+                       Tensor& dbeta) override {
+    return target_.norm_backward(kind, dy, x, gamma, saved, zero_centered_gamma, dgamma, dbeta);
+  }
+  Tensor activation_forward(Activation act, const Tensor& x) override {
+    return target_.activation_forward(act, x);
+  }
+  Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override {
+    return target_.activation_backward(act, dy, x);
+  }
+  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionMask& mask, double scale) override {
+    return target_.attention_forward(q, k, v, mask, scale);
+  }
+  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const AttentionForward& saved,
+                                    const AttentionMask& mask, double scale) override {
+    return target_.attention_backward(dout, q, k, v, saved, mask, scale);
+  }
+  Tensor add(const Tensor& a, const Tensor& b) override { return target_.add(a, b); }
+  void accumulate(Tensor& into, const Tensor& x) override { target_.accumulate(into, x); }
+  Tensor scale(const Tensor& x, double s) override { return target_.scale(x, s); }
+  double mse_loss(const Tensor& y, const Tensor& target) override {
+    return target_.mse_loss(y, target);
+  }
+  Tensor mse_loss_backward(const Tensor& y, const Tensor& target) override {
+    return target_.mse_loss_backward(y, target);
+  }
+  void synchronize() override { target_.synchronize(); }
+
+  Backend& target() { return target_; }
+
+ protected:
+  void run_gemm(const GemmProblem& p, GemmRecord& record) override {
+    target_.run_gemm(p, record);
+  }
+
+ private:
+  void adopt_state(Backend& target) { state_ = target.state_; }
+  Backend& target_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,14 +26,49 @@ enum class MathClass { kFp64, kFp32, kTf32, kBf16, kFp16 };
 std::string_view math_class_name(MathClass c);  // "fp64", "fp32", "tf32", "bf16", "fp16"
 MathClass parse_math_class(std::string_view name);  // throws Error(kInput)
 
+// What cuBLASLt ran for one GEMM: the algorithm as `cublasLtMatmulAlgoConfigGetAttribute`
+// and `cublasLtMatmulAlgoCapGetAttribute` report it. Names are the enum names without
+// their prefix ("TILE_128x128", "CUBLASLT_REDUCTION_SCHEME_NONE" → "NONE").
+struct CublasLtAlgoRecord {
+  std::string compute_type;          // "32F_FAST_TF32", "32F", "64F", ...
+  std::string scale_type;            // "32F", "64F"
+  std::string epilogue;              // "DEFAULT", "BIAS", "GELU_AUX_BIAS", "DGELU"
+  int algo_id = -1;
+  int tile = 0;                      // CUBLASLT_ALGO_CONFIG_TILE_ID
+  std::string tile_name;
+  int stages = 0;                    // CUBLASLT_ALGO_CONFIG_STAGES_ID
+  std::string stages_name;
+  int split_k = 1;                   // CUBLASLT_ALGO_CONFIG_SPLITK_NUM (1: no split)
+  int reduction_scheme = 0;          // CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME
+  std::string reduction_scheme_name;
+  int cta_swizzling = 0;
+  int custom_option = 0;
+  int cluster_shape = 0;             // CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
+  std::string cluster_shape_name;
+  std::uint64_t numerical_impl_flags = 0;  // CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS
+  std::string numerical_impl;        // decoded: "HMMA 16x8x8, input TF32, accumulator FP32"
+  std::uint64_t workspace_bytes = 0; // the algorithm's need (heuristic result)
+  std::uint64_t workspace_limit = 0; // what the preference allowed
+  std::uint32_t alignment_a = 0, alignment_b = 0, alignment_c = 0, alignment_d = 0;  // bytes
+  float waves_count = 0;
+  std::string impl_mask;             // the CUBLASLT_MATMUL_PREF_IMPL_MASK asked for ("any", ...)
+};
+
 struct GemmRecord {
   std::string site;                 // "module.sub/pass"
-  std::int64_t m = 0, n = 0, k = 0;  // C[m, n] = op(A)[m, k] · op(B)[k, n]
+  int rank = 0;                     // the TP rank whose backend ran it
+  std::int64_t m = 0, n = 0, k = 0;  // C[m, n] = op(A)[m, k] · op(B)[k, n] (row-major, as called)
   bool trans_a = false, trans_b = false;
   bool accumulate = false;          // C += (beta = 1) instead of C = (beta = 0)
   DType a_dtype = DType::kF32, b_dtype = DType::kF32, c_dtype = DType::kF32;
-  MathClass math_class = MathClass::kFp32;
+  std::string epilogue = "none";    // gemm_epilogue_name()
+  MathClass math_class = MathClass::kFp32;  // what ran (the engine's report)
   std::string implementation;       // e.g. "openblas sgemm, inputs rounded to tf32"
+  std::optional<CublasLtAlgoRecord> cublaslt;  // set by the CUDA backend
+
+  // True when `other` ran the same algorithm (same class; on CUDA the same algorithm id,
+  // tile, stages, split-K, reduction scheme, swizzle, custom option and cluster shape).
+  bool same_algorithm(const GemmRecord& other) const;
 };
 
 class GemmLedger {

@@ -5,8 +5,14 @@
 // the dtype's own encoding: double for f64, float for f32, the 16-bit pattern for
 // f16/bf16, the 8-bit pattern for fp8. Writes through `from_f64`, `set`, `to` round to
 // nearest even.
-// CPU tensors only in this header's implementation; Device::kCuda buffers belong to the
-// CUDA backend, which copies through `Backend::to_host`.
+//
+// Device-agnostic: a kCuda tensor's buffer is device memory from the CUDA runtime's
+// caching allocator (src/core/device_runtime.h; registered when a CUDA backend is made).
+// Every structural method (`to`, `clone`, `slice`, `write_slice`, `cat`, `reshape`,
+// `fill_zero`, `copy_from`) works on either device, on the device (copies and cast
+// kernels on the calling thread's stream), so layer code is the same for both. Host
+// access to a device tensor (`at`, `set`, `to_f64`, `to_f32`) copies explicitly and
+// waits for the stream; `data<T>()` is for CPU tensors only (kernels take `raw()`).
 // Thread safety: distinct Tensors may be used from distinct threads; sharing one buffer
 // between threads that write is the caller's business.
 #pragma once
@@ -16,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tpcheck/dtype.h"
@@ -31,6 +38,12 @@ std::int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);
 
 enum class Device { kCpu, kCuda };
+std::string_view device_name(Device device);  // "CPU", "GPU"
+
+// Quantized copies of a tensor, as the FP8 / MXFP8 / NVFP4 recipes keep them next to the
+// high-precision values (TransformerEngine keeps the same metadata with its tensors).
+// Filled by the quantization code; a plain tensor has none.
+struct QuantizedData;
 
 class Tensor {
  public:
@@ -39,7 +52,11 @@ class Tensor {
   // A zero-filled tensor. REQUIRES: rank <= 4, every dim >= 0.
   Tensor(Shape shape, DType dtype, Device device = Device::kCpu);
 
-  static Tensor zeros(Shape shape, DType dtype) { return Tensor(std::move(shape), dtype); }
+  static Tensor zeros(Shape shape, DType dtype, Device device = Device::kCpu) {
+    return Tensor(std::move(shape), dtype, device);
+  }
+  // Zeros of `like`'s shape, dtype and device.
+  static Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), like.dtype(), like.device()); }
   static Tensor full(Shape shape, DType dtype, double value);
   // Values rounded (nearest even) to `dtype`. REQUIRES: values.size() == numel(shape).
   static Tensor from_f64(std::span<const double> values, Shape shape, DType dtype);
@@ -57,6 +74,7 @@ class Tensor {
   Device device() const { return device_; }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
 
+  // The buffer: host memory for kCpu, device memory for kCuda.
   void* raw() { return storage_.get(); }
   const void* raw() const { return storage_.get(); }
   // Typed access to the storage. REQUIRES: T matches the storage type of dtype()
@@ -65,6 +83,10 @@ class Tensor {
   T* data();
   template <typename T>
   const T* data() const;
+
+  // A copy on `device` (this tensor itself, shared, when it is there already).
+  Tensor to_device(Device device) const;
+  Tensor to_host() const { return to_device(Device::kCpu); }
 
   // Element `flat` (row-major) as a double, any dtype. Slow path: tests and reports.
   double at(std::int64_t flat) const;
@@ -89,15 +111,32 @@ class Tensor {
   // Copies `src` (same shape) into this tensor's buffer, casting to dtype().
   void copy_from(const Tensor& src);
 
-  // "f32[16, 64]"
+  // "f32[16, 64]" ("f32[16, 64] on GPU" for device tensors)
   std::string describe() const;
+
+  // Quantized copies (undefined until a recipe quantizes this tensor). Shared by copies
+  // of the handle, like the buffer.
+  const std::shared_ptr<QuantizedData>& quantized() const { return quantized_; }
+  void set_quantized(std::shared_ptr<QuantizedData> q) { quantized_ = std::move(q); }
 
  private:
   Shape shape_;
   std::int64_t numel_ = 0;
   DType dtype_ = DType::kF32;
   Device device_ = Device::kCpu;
-  std::shared_ptr<std::byte[]> storage_;
+  std::shared_ptr<std::byte> storage_;
+  std::shared_ptr<QuantizedData> quantized_;
+};
+
+struct QuantizedData {
+  std::string recipe;              // "fp8_delayed", "fp8_current", "fp8_block", "mxfp8", "nvfp4"
+  Shape block;                     // scale granularity: {} per tensor, {1, 128}, {128, 128}, {1, 32}, ...
+  Tensor rowwise_data;             // quantized values, row-major blocks
+  Tensor rowwise_scale_inv;        // one per block (f32, or e8m0 / e4m3 bits)
+  Tensor columnwise_data;          // the transposed-layout copy GEMMs need for wgrad/dgrad
+  Tensor columnwise_scale_inv;
+  Tensor amax;                     // [1] f32, before any reduction across the group
+  Tensor scale;                    // [1] f32 (per-tensor recipes)
 };
 
 // True when a and b have the same shape, dtype and bit patterns.

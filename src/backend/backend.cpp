@@ -3,7 +3,9 @@
 // Thread safety: pure functions; choose_math_class only reads the backend's rule.
 #include "tpcheck/backend.h"
 
+#include <algorithm>
 #include <array>
+#include <climits>
 #include <string>
 
 #include "tpcheck/error.h"
@@ -103,10 +105,142 @@ MathClass Backend::choose_math_class(DType a, DType b, std::int64_t k) const {
   if (has_f16) return MathClass::kFp16;
   if (has_bf16) return MathClass::kBf16;
   // Both operands f32.
-  if (gemm_rule_.mode == GemmClassRule::Mode::kAuto) {
-    return k < gemm_rule_.auto_min_k ? MathClass::kFp32 : MathClass::kTf32;
+  if (state_->gemm_rule.mode == GemmClassRule::Mode::kAuto) {
+    return k < state_->gemm_rule.auto_min_k ? MathClass::kFp32 : MathClass::kTf32;
   }
-  return gemm_rule_.f32_class;
+  return state_->gemm_rule.f32_class;
+}
+
+std::string_view gemm_epilogue_name(const GemmEpilogue& e) {
+  const bool bias = e.bias != nullptr;
+  switch (e.activation) {
+    case GemmEpilogue::Activation::kNone:
+      return bias ? "bias" : "none";
+    case GemmEpilogue::Activation::kGelu:
+      return bias ? "gelu_aux_bias" : "gelu_aux";
+    case GemmEpilogue::Activation::kDgelu:
+      return bias ? "dgelu_bias" : "dgelu";
+  }
+  return "none";
+}
+
+bool GemmRecord::same_algorithm(const GemmRecord& other) const {
+  if (math_class != other.math_class) return false;
+  if (cublaslt.has_value() != other.cublaslt.has_value()) return false;
+  if (!cublaslt) return implementation == other.implementation;
+  const CublasLtAlgoRecord& x = *cublaslt;
+  const CublasLtAlgoRecord& y = *other.cublaslt;
+  return x.algo_id == y.algo_id && x.tile == y.tile && x.stages == y.stages &&
+         x.split_k == y.split_k && x.reduction_scheme == y.reduction_scheme &&
+         x.cta_swizzling == y.cta_swizzling && x.custom_option == y.custom_option &&
+         x.cluster_shape == y.cluster_shape && x.compute_type == y.compute_type;
+}
+
+namespace {
+
+// A tensor viewed as a row-major matrix [rows, last dim].
+struct MatrixView {
+  std::int64_t rows = 0, cols = 0;
+};
+
+MatrixView as_matrix(std::string_view site, std::string_view operand, const Tensor& t,
+                     Device device) {
+  TPCHECK_CHECK_INPUT(t.defined(), "GEMM '{}': operand {} is undefined", site, operand);
+  TPCHECK_CHECK_INPUT(t.device() == device,
+                      "GEMM '{}': operand {} ({}) is on the {}; this backend computes on the {}",
+                      site, operand, t.describe(), device_name(t.device()), device_name(device));
+  TPCHECK_CHECK_INPUT(t.rank() >= 2,
+                      "GEMM '{}': operand {} is {}; expected a matrix (rank >= 2, viewed as "
+                      "[rows, last dim])",
+                      site, operand, t.describe());
+  const std::int64_t cols = t.dim(-1);
+  return {cols == 0 ? 0 : t.numel() / cols, cols};
+}
+
+}  // namespace
+
+void Backend::gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                   bool trans_b, Tensor& c, bool accumulate, const GemmEpilogue& epilogue) {
+  // Validate every shape before any work.
+  const Device dev = device();
+  const MatrixView av = as_matrix(site, "A", a, dev);
+  const MatrixView bv = as_matrix(site, "B", b, dev);
+  const MatrixView cv = as_matrix(site, "C", c, dev);
+  const std::int64_t m = trans_a ? av.cols : av.rows;
+  const std::int64_t k = trans_a ? av.rows : av.cols;
+  const std::int64_t kb = trans_b ? bv.cols : bv.rows;
+  const std::int64_t n = trans_b ? bv.rows : bv.cols;
+  TPCHECK_CHECK_INPUT(k == kb,
+                      "GEMM '{}': inner dimensions differ: op(A) is [{}, {}] (A {}{}), op(B) is "
+                      "[{}, {}] (B {}{}); expected equal K",
+                      site, m, k, a.describe(), trans_a ? "^T" : "", kb, n, b.describe(),
+                      trans_b ? "^T" : "");
+  TPCHECK_CHECK_INPUT(cv.rows == m && cv.cols == n,
+                      "GEMM '{}': C is {} (viewed as [{}, {}]); expected [{}, {}] = op(A) {}{} · "
+                      "op(B) {}{}",
+                      site, c.describe(), cv.rows, cv.cols, m, n, a.describe(), trans_a ? "^T" : "",
+                      b.describe(), trans_b ? "^T" : "");
+  TPCHECK_CHECK_INPUT(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+                      "GEMM '{}': m={} n={} k={} exceeds the 32-bit index range of BLAS and "
+                      "cuBLASLt",
+                      site, m, n, k);
+  if (epilogue.bias != nullptr) {
+    const Tensor& bias = *epilogue.bias;
+    TPCHECK_CHECK_INPUT(bias.defined() && bias.device() == dev && bias.numel() == n,
+                        "GEMM '{}': epilogue bias is {}; expected {} values on the {}", site,
+                        bias.describe(), n, device_name(dev));
+  }
+  if (epilogue.activation != GemmEpilogue::Activation::kNone) {
+    TPCHECK_CHECK_INPUT(epilogue.aux != nullptr && epilogue.aux->defined() &&
+                            epilogue.aux->device() == dev && epilogue.aux->numel() == m * n &&
+                            epilogue.aux->dtype() == c.dtype(),
+                        "GEMM '{}': epilogue {} needs an aux tensor of {} {} values on the {} "
+                        "(the gelu input); got {}",
+                        site, gemm_epilogue_name(epilogue), m * n, dtype_name(c.dtype()),
+                        device_name(dev), epilogue.aux ? epilogue.aux->describe() : "none");
+  }
+
+  GemmProblem p;
+  p.site = site;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.accumulate = accumulate;
+  p.a = &a;
+  p.b = &b;
+  p.c = &c;
+  p.epilogue = epilogue;
+  p.math_class = choose_math_class(a.dtype(), b.dtype(), k);
+  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ over the same memory.
+  p.col.m = n;
+  p.col.n = m;
+  p.col.k = k;
+  p.col.x = &b;
+  p.col.trans_x = trans_b;
+  p.col.ldx = std::max<std::int64_t>(1, bv.cols);
+  p.col.y = &a;
+  p.col.trans_y = trans_a;
+  p.col.ldy = std::max<std::int64_t>(1, av.cols);
+  p.col.ldd = std::max<std::int64_t>(1, n);
+
+  GemmRecord record;
+  record.site = std::string(site);
+  record.rank = state_->rank;
+  record.m = m;
+  record.n = n;
+  record.k = k;
+  record.trans_a = trans_a;
+  record.trans_b = trans_b;
+  record.accumulate = accumulate;
+  record.a_dtype = a.dtype();
+  record.b_dtype = b.dtype();
+  record.c_dtype = c.dtype();
+  record.epilogue = std::string(gemm_epilogue_name(epilogue));
+  record.math_class = p.math_class;
+  run_gemm(p, record);
+  state_->ledger.add(std::move(record));
 }
 
 }  // namespace tpcheck

@@ -2,8 +2,11 @@
 #include "tpcheck/tensor.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
 
+#include "core/device_runtime.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
@@ -15,6 +18,26 @@ std::int64_t shape_numel(const Shape& shape) {
 }
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::string_view device_name(Device device) { return device == Device::kCpu ? "CPU" : "GPU"; }
+
+namespace {
+std::array<std::atomic<DeviceRuntime*>, 2> g_runtimes{};
+}  // namespace
+
+void register_device_runtime(Device device, DeviceRuntime* runtime) {
+  TPCHECK_CHECK(device != Device::kCpu, "the CPU needs no device runtime");
+  g_runtimes[static_cast<int>(device)].store(runtime);
+}
+
+DeviceRuntime& device_runtime(Device device) {
+  DeviceRuntime* r = g_runtimes[static_cast<int>(device)].load();
+  TPCHECK_CHECK_INPUT(r != nullptr,
+                      "no {} runtime: this tpcheck was built without CUDA, or no CUDA backend "
+                      "was created yet (make_cuda_backend registers it)",
+                      device_name(device));
+  return *r;
+}
 
 namespace {
 
@@ -83,11 +106,32 @@ Tensor::Tensor(Shape shape, DType dtype, Device device)
   for (std::int64_t d : shape_) {
     TPCHECK_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape_));
   }
-  TPCHECK_CHECK(device == Device::kCpu, "Tensor(shape, dtype, device) allocates CPU memory only");
   numel_ = shape_numel(shape_);
-  // make_shared<byte[]> value-initializes: zero fill. +1 keeps 0-element tensors defined.
-  storage_ = std::make_shared<std::byte[]>(nbytes() + 1);
+  // +1 byte keeps 0-element tensors defined (a non-null buffer).
+  if (device == Device::kCpu) {
+    // new byte[n]() value-initializes: zero fill.
+    storage_ = std::shared_ptr<std::byte>(new std::byte[nbytes() + 1](),
+                                          std::default_delete<std::byte[]>());
+  } else {
+    DeviceRuntime& rt = device_runtime(device);
+    storage_ = rt.allocate(nbytes() + 1);
+    rt.fill_zero(storage_.get(), nbytes());
+  }
 }
+
+Tensor Tensor::to_device(Device device) const {
+  TPCHECK_CHECK(defined(), "to_device() on an undefined tensor");
+  if (device == device_) return *this;
+  Tensor out(shape_, dtype_, device);
+  const Device gpu = device == Device::kCpu ? device_ : device;
+  device_runtime(gpu).copy(out.raw(), device, raw(), device_, nbytes());
+  return out;
+}
+
+namespace {
+// Host-side read access to any tensor: the tensor itself on the CPU, else a host copy.
+Tensor host_view(const Tensor& t) { return t.device() == Device::kCpu ? t : t.to_host(); }
+}  // namespace
 
 Tensor Tensor::full(Shape shape, DType dtype, double value) {
   Tensor t(std::move(shape), dtype);
@@ -120,6 +164,10 @@ std::int64_t Tensor::dim(int i) const { return shape_[normalize_dim(i, rank())];
 template <typename T>
 T* Tensor::data() {
   TPCHECK_CHECK(defined(), "data() on an undefined tensor");
+  TPCHECK_CHECK(device_ == Device::kCpu,
+                "data<T>() on {}: host pointers are for CPU tensors (use raw() in a kernel, or "
+                "to_host())",
+                describe());
   TPCHECK_CHECK(storage_matches<T>(dtype_), "data<T>() does not match the storage of {}", describe());
   return reinterpret_cast<T*>(storage_.get());
 }
@@ -138,26 +186,46 @@ template const std::uint8_t* Tensor::data<std::uint8_t>() const;
 
 double Tensor::at(std::int64_t flat) const {
   TPCHECK_CHECK(flat >= 0 && flat < numel_, "index {} out of range for {}", flat, describe());
+  if (device_ != Device::kCpu) {
+    std::array<std::byte, sizeof(double)> one{};
+    const std::size_t es = dtype_size(dtype_);
+    device_runtime(device_).copy(one.data(), Device::kCpu,
+                                 static_cast<const std::byte*>(raw()) + flat * es, device_, es);
+    return load(dtype_, one.data(), 0);
+  }
   return load(dtype_, storage_.get(), flat);
 }
 
 void Tensor::set(std::int64_t flat, double value) {
   TPCHECK_CHECK(flat >= 0 && flat < numel_, "index {} out of range for {}", flat, describe());
+  if (device_ != Device::kCpu) {
+    std::array<std::byte, sizeof(double)> one{};
+    const std::size_t es = dtype_size(dtype_);
+    store(dtype_, one.data(), 0, value, CastMode::kPlain);
+    device_runtime(device_).copy(static_cast<std::byte*>(raw()) + flat * es, device_, one.data(),
+                                 Device::kCpu, es);
+    device_runtime(device_).synchronize();  // `one` dies here
+    return;
+  }
   store(dtype_, storage_.get(), flat, value, CastMode::kPlain);
 }
 
 std::vector<double> Tensor::to_f64() const {
+  const Tensor host = host_view(*this);
   std::vector<double> out(numel_);
-  for (std::int64_t i = 0; i < numel_; ++i) out[i] = load(dtype_, storage_.get(), i);
+  for (std::int64_t i = 0; i < numel_; ++i) out[i] = load(dtype_, host.storage_.get(), i);
   return out;
 }
 
 std::vector<float> Tensor::to_f32() const {
+  const Tensor host = host_view(*this);
   std::vector<float> out(numel_);
   if (dtype_ == DType::kF32) {
-    std::memcpy(out.data(), raw(), nbytes());
+    std::memcpy(out.data(), host.raw(), nbytes());
   } else {
-    for (std::int64_t i = 0; i < numel_; ++i) out[i] = static_cast<float>(load(dtype_, storage_.get(), i));
+    for (std::int64_t i = 0; i < numel_; ++i) {
+      out[i] = static_cast<float>(load(dtype_, host.storage_.get(), i));
+    }
   }
   return out;
 }
@@ -165,7 +233,11 @@ std::vector<float> Tensor::to_f32() const {
 Tensor Tensor::to(DType dtype, CastMode mode) const {
   TPCHECK_CHECK(defined(), "to() on an undefined tensor");
   if (dtype == dtype_) return clone();
-  Tensor out(shape_, dtype);
+  Tensor out(shape_, dtype, device_);
+  if (device_ != Device::kCpu) {
+    device_runtime(device_).cast(out.raw(), dtype, raw(), dtype_, numel_, mode);
+    return out;
+  }
   for (std::int64_t i = 0; i < numel_; ++i) {
     store(dtype, out.storage_.get(), i, load(dtype_, storage_.get(), i), mode);
   }
@@ -174,8 +246,12 @@ Tensor Tensor::to(DType dtype, CastMode mode) const {
 
 Tensor Tensor::clone() const {
   TPCHECK_CHECK(defined(), "clone() on an undefined tensor");
-  Tensor out(shape_, dtype_);
-  std::memcpy(out.raw(), raw(), nbytes());
+  Tensor out(shape_, dtype_, device_);
+  if (device_ != Device::kCpu) {
+    device_runtime(device_).copy(out.raw(), device_, raw(), device_, nbytes());
+  } else {
+    std::memcpy(out.raw(), raw(), nbytes());
+  }
   return out;
 }
 
@@ -207,10 +283,17 @@ Tensor Tensor::slice(int dim, std::int64_t start, std::int64_t length) const {
                 "slice [{}, {}) out of range for dim {} of {}", start, start + length, d, describe());
   Shape out_shape = shape_;
   out_shape[d] = length;
-  Tensor out(out_shape, dtype_);
+  Tensor out(out_shape, dtype_, device_);
   Split3 s = split_at(shape_, d);
   std::size_t es = dtype_size(dtype_);
   std::size_t row = static_cast<std::size_t>(length * s.inner) * es;
+  if (device_ != Device::kCpu) {
+    // One strided copy: `outer` rows of `row` bytes, source pitch a whole `mid` block.
+    device_runtime(device_).copy_rows(out.raw(), row,
+                                      storage_.get() + start * s.inner * es,
+                                      static_cast<std::size_t>(s.mid * s.inner) * es, row, s.outer);
+    return out;
+  }
   for (std::int64_t o = 0; o < s.outer; ++o) {
     std::memcpy(out.storage_.get() + o * row,
                 storage_.get() + (o * s.mid + start) * s.inner * es, row);
@@ -221,6 +304,7 @@ Tensor Tensor::slice(int dim, std::int64_t start, std::int64_t length) const {
 void Tensor::write_slice(int dim, std::int64_t start, const Tensor& src) {
   int d = normalize_dim(dim, rank());
   TPCHECK_CHECK(src.dtype() == dtype_, "write_slice: dtype {} into {}", dtype_name(src.dtype()), describe());
+  TPCHECK_CHECK(src.device() == device_, "write_slice: {} into {}", src.describe(), describe());
   TPCHECK_CHECK(src.rank() == rank(), "write_slice: {} into {}", src.describe(), describe());
   for (int i = 0; i < rank(); ++i) {
     if (i != d) TPCHECK_CHECK(src.shape()[i] == shape_[i], "write_slice: {} into {}", src.describe(), describe());
@@ -231,6 +315,12 @@ void Tensor::write_slice(int dim, std::int64_t start, const Tensor& src) {
   Split3 s = split_at(shape_, d);
   std::size_t es = dtype_size(dtype_);
   std::size_t row = static_cast<std::size_t>(length * s.inner) * es;
+  if (device_ != Device::kCpu) {
+    device_runtime(device_).copy_rows(storage_.get() + start * s.inner * es,
+                                      static_cast<std::size_t>(s.mid * s.inner) * es,
+                                      src.raw(), row, row, s.outer);
+    return;
+  }
   for (std::int64_t o = 0; o < s.outer; ++o) {
     std::memcpy(storage_.get() + (o * s.mid + start) * s.inner * es,
                 src.storage_.get() + o * row, row);
@@ -243,7 +333,7 @@ Tensor Tensor::cat(const std::vector<Tensor>& parts, int dim) {
   Shape shape = parts[0].shape();
   shape[d] = 0;
   for (const Tensor& p : parts) shape[d] += p.shape()[d];
-  Tensor out(shape, parts[0].dtype());
+  Tensor out(shape, parts[0].dtype(), parts[0].device());
   std::int64_t at = 0;
   for (const Tensor& p : parts) {
     out.write_slice(d, at, p);
@@ -253,11 +343,29 @@ Tensor Tensor::cat(const std::vector<Tensor>& parts, int dim) {
 }
 
 void Tensor::fill_zero() {
-  if (defined()) std::memset(raw(), 0, nbytes());
+  if (!defined()) return;
+  if (device_ != Device::kCpu) {
+    device_runtime(device_).fill_zero(raw(), nbytes());
+  } else {
+    std::memset(raw(), 0, nbytes());
+  }
 }
 
 void Tensor::copy_from(const Tensor& src) {
   TPCHECK_CHECK(src.shape() == shape_, "copy_from: {} into {}", src.describe(), describe());
+  if (src.device() != device_) {
+    copy_from(src.to_device(device_));  // across devices: move first, then copy or cast here
+    return;
+  }
+  if (device_ != Device::kCpu) {
+    DeviceRuntime& rt = device_runtime(device_);
+    if (src.dtype() == dtype_) {
+      rt.copy(raw(), device_, src.raw(), device_, nbytes());
+    } else {
+      rt.cast(raw(), dtype_, src.raw(), src.dtype(), numel_, CastMode::kPlain);
+    }
+    return;
+  }
   if (src.dtype() == dtype_) {
     std::memcpy(raw(), src.raw(), nbytes());
     return;
@@ -269,12 +377,16 @@ void Tensor::copy_from(const Tensor& src) {
 
 std::string Tensor::describe() const {
   if (!defined()) return "undefined";
+  if (device_ != Device::kCpu) {
+    return fmt::format("{}{} on {}", dtype_name(dtype_), shape_str(shape_), device_name(device_));
+  }
   return fmt::format("{}{}", dtype_name(dtype_), shape_str(shape_));
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  const Tensor ha = host_view(a), hb = host_view(b);
+  return std::memcmp(ha.raw(), hb.raw(), a.nbytes()) == 0;
 }
 
 }  // namespace tpcheck

@@ -74,8 +74,8 @@ Tensor LayerNorm::backward(const OutputGrads& grads, Saved& saved) {
   }
   // SP: this rank's slice gives partial sums; reduce them before accumulating, so
   // gradients accumulated earlier are not summed N times.
-  Tensor dgamma = Tensor::zeros(weight_.grad.shape(), weight_.grad.dtype());
-  Tensor dbeta = layer_norm ? Tensor::zeros(bias_.grad.shape(), bias_.grad.dtype()) : Tensor();
+  Tensor dgamma = Tensor::zeros_like(weight_.grad);
+  Tensor dbeta = layer_norm ? Tensor::zeros_like(bias_.grad) : Tensor();
   Tensor dx = ctx_.backend->norm_backward(o.normalization, grads.output, saved.input, weight_.value,
                                           saved.norm, o.zero_centered_gamma, dgamma, dbeta);
   reduce_replicated_grad(ctx_, dgamma, ReplicatedGrad::kNorm);

@@ -137,7 +137,7 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
   saved.input =
       o.save_original_input && column_sp() ? x.reshape({x.numel() / local_in(), local_in()}) : x2;
 
-  Tensor y2({x2.dim(0), local_out()}, x.dtype());
+  Tensor y2({x2.dim(0), local_out()}, x.dtype(), x.device());
   ctx_.backend->gemm(o.site + "/fwd", x2, false, weight_.value, true, y2, false);
   Shape out_shape = full.shape();
   out_shape.back() = local_out();
@@ -183,7 +183,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
   const Tensor dy2 = dy_full.reshape({dy_full.numel() / local_out(), local_out()});
   const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
 
-  Tensor dx2({dy2.dim(0), local_in()}, dy.dtype());
+  Tensor dx2({dy2.dim(0), local_in()}, dy.dtype(), dy.device());
   ctx_.backend->gemm(o.site + "/dgrad", dy2, false, weight_.value, false, dx2, false);
   Tensor dx = dx2;
   if (o.parallel_mode == ParallelMode::kColumn) {
@@ -226,7 +226,7 @@ void Linear::weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local,
     ctx_.backend->accumulate(bias_.grad, dbias_out);
   } else if (o.parallel_mode == ParallelMode::kRow && o.sequence_parallel) {
     // Each rank's output slice saw the bias: a partial sum, all-reduced.
-    Tensor partial = Tensor::zeros(bias_.grad.shape(), bias_.grad.dtype());
+    Tensor partial = Tensor::zeros_like(bias_.grad);
     ctx_.backend->accumulate_bias_grad(dy_local, partial);
     reduce_replicated_grad(ctx_, partial, ReplicatedGrad::kRowBias);
     ctx_.backend->accumulate(bias_.grad, partial);

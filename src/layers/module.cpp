@@ -19,12 +19,14 @@ Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, S
   const int world = ctx.tp_size();
   check_shardable(global_shape, shard, world, name);
   Parameter p;
-  p.value = generate(fill, ctx.seed, name, global_shape, dtype, shard, source_rank, world);
-  p.grad = Tensor::zeros(p.value.shape(), dtype);
+  // Generated on the host from global indices, then moved to where the backend computes.
+  p.value = generate(fill, ctx.seed, name, global_shape, dtype, shard, source_rank, world)
+                .to_device(ctx.backend->device());
+  p.grad = Tensor::zeros_like(p.value);
   if (fuse_wgrad_accumulation) {
     // f32 as in TransformerEngine; f64 in the truth run, whose point is to lose nothing.
     const DType main_dtype = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-    p.main_grad = Tensor::zeros(p.value.shape(), main_dtype);
+    p.main_grad = Tensor::zeros(p.value.shape(), main_dtype, p.value.device());
   }
   p.name = std::move(name);
   p.global_shape = std::move(global_shape);

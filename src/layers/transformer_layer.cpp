@@ -166,7 +166,7 @@ Tensor TransformerLayer::combine(const Tensor& out, const Tensor& bias, const Te
 }
 
 Tensor TransformerLayer::bias_output_grad(const Tensor& dy) {
-  Tensor g = Tensor::zeros({options_.hidden_size}, dy.dtype());
+  Tensor g = Tensor::zeros({options_.hidden_size}, dy.dtype(), dy.device());
   ctx_.backend->accumulate_bias_grad(dy, g);
   if (options_.sequence_parallel) reduce_replicated_grad(ctx_, g, ReplicatedGrad::kRowBias);
   return g;

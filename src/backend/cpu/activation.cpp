@@ -19,15 +19,13 @@
 namespace tpcheck {
 namespace {
 
+using cpu::gelu_tanh;
+using cpu::ValueAndGrad;
+
 // ---- scalar functions and their derivatives -----------------------------------------
 // Each returns f(x) and f'(x) together: they share the one transcendental (tanh, exp),
 // and gated backward needs both. Forward ignores the derivative (a few multiplies).
 
-template <typename Real>
-struct ValueAndGrad {
-  Real value;  // f(x)
-  Real grad;   // f'(x)
-};
 
 // Numerically safe logistic function: never evaluates exp of a large positive number.
 template <typename Real>
@@ -35,17 +33,6 @@ Real sigmoid(Real x) {
   if (x >= 0) return Real(1) / (Real(1) + std::exp(-x));
   const Real e = std::exp(x);
   return e / (Real(1) + e);
-}
-
-// gelu, tanh form: f = ½ x (1 + t), t = tanh(u), u = c (x + 0.044715 x³), c = √(2/π);
-// f' = ½ (1 + t) + ½ x (1 − t²) u',  u' = c (1 + 3·0.044715 x²).
-template <typename Real>
-ValueAndGrad<Real> gelu_tanh(Real x) {
-  const Real c = Real(0.79788456080286535588);  // √(2/π)
-  const Real t = std::tanh(c * (x + Real(0.044715) * x * x * x));
-  const Real du = c * (Real(1) + Real(3 * 0.044715) * x * x);
-  return {Real(0.5) * x * (Real(1) + t),
-          Real(0.5) * (Real(1) + t) + Real(0.5) * x * (Real(1) - t * t) * du};
 }
 
 // relu: f = max(x, 0); f' = 1 for x > 0, else 0 (0 at the kink, as PyTorch).

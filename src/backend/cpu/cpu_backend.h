@@ -20,9 +20,13 @@ class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
 
+  Device device() const override { return Device::kCpu; }
+
+ protected:
   // gemm.cpp
-  void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-            Tensor& c, bool accumulate) override;
+  void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+
+ public:
 
   // bias.cpp
   void add_bias(Tensor& y, const Tensor& bias) override;

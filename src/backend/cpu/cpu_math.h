@@ -8,6 +8,7 @@
 // Thread safety: pure functions of their arguments.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,7 @@ namespace tpcheck::cpu {
 template <typename Real>
 std::vector<Real> load(const Tensor& t) {
   TPCHECK_CHECK(t.defined(), "cpu::load of an undefined tensor");
+  TPCHECK_CHECK(t.device() == Device::kCpu, "the CPU backend was given {}", t.describe());
   if constexpr (sizeof(Real) == sizeof(double)) {
     return t.to_f64();
   } else {
@@ -79,6 +81,24 @@ Tensor make(const std::vector<Real>& values, Shape shape, DType dtype) {
   Tensor t(std::move(shape), dtype);
   store(values, t);
   return t;
+}
+
+// f(x) and f'(x) together (they share the one transcendental).
+template <typename Real>
+struct ValueAndGrad {
+  Real value;  // f(x)
+  Real grad;   // f'(x)
+};
+
+// gelu, tanh form: f = ½ x (1 + t), t = tanh(u), u = c (x + 0.044715 x³), c = √(2/π);
+// f' = ½ (1 + t) + ½ x (1 − t²) u',  u' = c (1 + 3·0.044715 x²).
+template <typename Real>
+ValueAndGrad<Real> gelu_tanh(Real x) {
+  const Real c = Real(0.79788456080286535588);  // √(2/π)
+  const Real t = std::tanh(c * (x + Real(0.044715) * x * x * x));
+  const Real du = c * (Real(1) + Real(3 * 0.044715) * x * x);
+  return {Real(0.5) * x * (Real(1) + t),
+          Real(0.5) * (Real(1) + t) + Real(0.5) * x * (Real(1) - t * t) * du};
 }
 
 // True when math on a tensor of this dtype runs in f64 (truth runs).

@@ -1,5 +1,6 @@
-// gemm.cpp — CpuBackend::gemm: the one entry point of every CPU GEMM, emulating the GPU
-// math classes on top of OpenBLAS and recording each call in the ledger.
+// gemm.cpp — CpuBackend::run_gemm: the CPU GEMM engine behind Backend::gemm (which
+// validates, chooses the class, canonicalizes to column-major and records), emulating
+// the GPU math classes on top of OpenBLAS.
 //
 // How a class is emulated (the class comes from Backend::choose_math_class):
 //   fp64       operands in f64, cblas_dgemm (f64 accumulation);
@@ -8,7 +9,8 @@
 //              then cblas_sgemm: the products of TF32 values are exact in f32, so this is
 //              the tensor-core result up to the order of the f32 accumulation;
 //   bf16/fp16  operands rounded to bf16/f16 (values kept in f32), cblas_sgemm.
-// The product P = op(A)·op(B) is computed first (beta = 0); with `accumulate` C's stored
+// The product P = op(A)·op(B) is computed first (beta = 0), then the epilogue (bias, gelu
+// with its aux output, dgelu) on P in f32 (f64), as cuBLASLt applies it; with `accumulate` C's stored
 // values are read, P added (in f32, f64 when C or the class is f64) and the sum rounded
 // once to C's dtype — what a GPU epilogue with beta = 1 does. Without `accumulate`, P
 // is rounded once to C's dtype.
@@ -21,7 +23,6 @@
 // shape), so bit-level figures are comparable only between runs with the same count.
 #include <cblas.h>
 
-#include <climits>
 #include <string>
 #include <vector>
 
@@ -31,23 +32,6 @@
 
 namespace tpcheck {
 namespace {
-
-// A tensor viewed as a row-major matrix [rows, last dim].
-struct MatrixView {
-  std::int64_t rows = 0, cols = 0;
-};
-
-MatrixView as_matrix(std::string_view site, std::string_view operand, const Tensor& t) {
-  TPCHECK_CHECK_INPUT(t.defined(), "GEMM '{}': operand {} is undefined", site, operand);
-  TPCHECK_CHECK_INPUT(t.device() == Device::kCpu, "GEMM '{}': operand {} ({}) is not on the CPU",
-                      site, operand, t.describe());
-  TPCHECK_CHECK_INPUT(t.rank() >= 2,
-                      "GEMM '{}': operand {} is {}; expected a matrix (rank >= 2, viewed as "
-                      "[rows, last dim])",
-                      site, operand, t.describe());
-  const std::int64_t cols = t.dim(-1);
-  return {cols == 0 ? 0 : t.numel() / cols, cols};
-}
 
 // Rounds every operand value to the input format of `cls` (no-op for fp32 and fp64).
 void round_to_class(MathClass cls, std::vector<float>& v) {
@@ -67,27 +51,54 @@ void round_to_class(MathClass cls, std::vector<float>& v) {
   }
 }
 
-// P[m, n] = op(A)·op(B) with BLAS (row-major, beta = 0).
-std::vector<float> blas_product(const std::vector<float>& a, bool trans_a,
-                                const std::vector<float>& b, bool trans_b, int m, int n, int k,
-                                int lda, int ldb) {
-  std::vector<float> p(static_cast<std::size_t>(m) * n, 0.0f);
-  if (m == 0 || n == 0 || k == 0) return p;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a.data(), lda, b.data(), ldb,
-              0.0f, p.data(), std::max(1, n));
+// P = op(X)·op(Y), column-major [M, N] (leading dimension M), beta = 0: the problem in
+// the one canonical form the front end gives every engine (GemmProblem::col).
+std::vector<float> blas_product(const GemmProblem::ColumnMajor& g, const std::vector<float>& x,
+                                const std::vector<float>& y) {
+  std::vector<float> p(static_cast<std::size_t>(g.m * g.n), 0.0f);
+  if (g.m == 0 || g.n == 0 || g.k == 0) return p;
+  cblas_sgemm(CblasColMajor, g.trans_x ? CblasTrans : CblasNoTrans,
+              g.trans_y ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+              static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, x.data(),
+              static_cast<int>(g.ldx), y.data(), static_cast<int>(g.ldy), 0.0f, p.data(),
+              static_cast<int>(g.ldd));
   return p;
 }
 
-std::vector<double> blas_product(const std::vector<double>& a, bool trans_a,
-                                 const std::vector<double>& b, bool trans_b, int m, int n, int k,
-                                 int lda, int ldb) {
-  std::vector<double> p(static_cast<std::size_t>(m) * n, 0.0);
-  if (m == 0 || n == 0 || k == 0) return p;
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a.data(), lda, b.data(), ldb, 0.0,
-              p.data(), std::max(1, n));
+std::vector<double> blas_product(const GemmProblem::ColumnMajor& g, const std::vector<double>& x,
+                                 const std::vector<double>& y) {
+  std::vector<double> p(static_cast<std::size_t>(g.m * g.n), 0.0);
+  if (g.m == 0 || g.n == 0 || g.k == 0) return p;
+  cblas_dgemm(CblasColMajor, g.trans_x ? CblasTrans : CblasNoTrans,
+              g.trans_y ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+              static_cast<int>(g.n), static_cast<int>(g.k), 1.0, x.data(),
+              static_cast<int>(g.ldx), y.data(), static_cast<int>(g.ldy), 0.0, p.data(),
+              static_cast<int>(g.ldd));
   return p;
+}
+
+// The epilogue on the accumulator P (row-major [m, n] memory, which is the column-major
+// [n, m] result), before the one rounding to C's dtype: + bias, then gelu (storing the
+// pre-activation, rounded to the aux dtype, into aux) or times gelu'(aux).
+template <typename Real>
+void apply_epilogue(const GemmEpilogue& e, std::int64_t n, std::vector<Real>& p) {
+  if (e.bias != nullptr) {
+    const std::vector<Real> bias = cpu::load<Real>(*e.bias);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] += bias[i % n];
+  }
+  switch (e.activation) {
+    case GemmEpilogue::Activation::kNone:
+      return;
+    case GemmEpilogue::Activation::kGelu:
+      cpu::store(p, *e.aux);
+      for (Real& v : p) v = cpu::gelu_tanh(v).value;
+      return;
+    case GemmEpilogue::Activation::kDgelu: {
+      const std::vector<Real> pre = cpu::load<Real>(*e.aux);
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] *= cpu::gelu_tanh(pre[i]).grad;
+      return;
+    }
+  }
 }
 
 // C = P or C += P, rounded once to C's dtype. The sum is formed in f32 unless C or P is
@@ -127,61 +138,23 @@ std::string implementation_text(MathClass cls) {
 
 }  // namespace
 
-void CpuBackend::gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
-                      bool trans_b, Tensor& c, bool accumulate) {
-  // Validate every shape before any work.
-  const MatrixView av = as_matrix(site, "A", a);
-  const MatrixView bv = as_matrix(site, "B", b);
-  const MatrixView cv = as_matrix(site, "C", c);
-  const std::int64_t m = trans_a ? av.cols : av.rows;
-  const std::int64_t k = trans_a ? av.rows : av.cols;
-  const std::int64_t kb = trans_b ? bv.cols : bv.rows;
-  const std::int64_t n = trans_b ? bv.rows : bv.cols;
-  TPCHECK_CHECK_INPUT(k == kb,
-                      "GEMM '{}': inner dimensions differ: op(A) is [{}, {}] (A {}{}), op(B) is "
-                      "[{}, {}] (B {}{}); expected equal K",
-                      site, m, k, a.describe(), trans_a ? "^T" : "", kb, n, b.describe(),
-                      trans_b ? "^T" : "");
-  TPCHECK_CHECK_INPUT(cv.rows == m && cv.cols == n,
-                      "GEMM '{}': C is {} (viewed as [{}, {}]); expected [{}, {}] = op(A) {}{} · "
-                      "op(B) {}{}",
-                      site, c.describe(), cv.rows, cv.cols, m, n, a.describe(), trans_a ? "^T" : "",
-                      b.describe(), trans_b ? "^T" : "");
-  TPCHECK_CHECK_INPUT(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
-                      "GEMM '{}': m={} n={} k={} exceeds the BLAS index range", site, m, n, k);
-
-  const MathClass cls = choose_math_class(a.dtype(), b.dtype(), k);
-  const int lda = static_cast<int>(std::max<std::int64_t>(1, av.cols));
-  const int ldb = static_cast<int>(std::max<std::int64_t>(1, bv.cols));
+void CpuBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
+  const MathClass cls = p.math_class;
   if (cls == MathClass::kFp64) {
-    const std::vector<double> p =
-        blas_product(a.to_f64(), trans_a, b.to_f64(), trans_b, static_cast<int>(m),
-                     static_cast<int>(n), static_cast<int>(k), lda, ldb);
-    write_result(p, c, accumulate);
+    std::vector<double> product = blas_product(p.col, p.col.x->to_f64(), p.col.y->to_f64());
+    apply_epilogue(p.epilogue, p.n, product);
+    write_result(product, *p.c, p.accumulate);
   } else {
-    std::vector<float> av32 = cpu::load<float>(a);
-    std::vector<float> bv32 = cpu::load<float>(b);
-    round_to_class(cls, av32);
-    round_to_class(cls, bv32);
-    const std::vector<float> p = blas_product(av32, trans_a, bv32, trans_b, static_cast<int>(m),
-                                              static_cast<int>(n), static_cast<int>(k), lda, ldb);
-    write_result(p, c, accumulate);
+    std::vector<float> x = cpu::load<float>(*p.col.x);
+    std::vector<float> y = cpu::load<float>(*p.col.y);
+    round_to_class(cls, x);
+    round_to_class(cls, y);
+    std::vector<float> product = blas_product(p.col, x, y);
+    apply_epilogue(p.epilogue, p.n, product);
+    write_result(product, *p.c, p.accumulate);
   }
-
-  GemmRecord record;
-  record.site = std::string(site);
-  record.m = m;
-  record.n = n;
-  record.k = k;
-  record.trans_a = trans_a;
-  record.trans_b = trans_b;
-  record.accumulate = accumulate;
-  record.a_dtype = a.dtype();
-  record.b_dtype = b.dtype();
-  record.c_dtype = c.dtype();
   record.math_class = cls;
   record.implementation = implementation_text(cls);
-  ledger_.add(std::move(record));
 }
 
 }  // namespace tpcheck
