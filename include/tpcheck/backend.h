@@ -116,7 +116,10 @@ struct GemmProblem {
   Tensor* c = nullptr;
   GemmEpilogue epilogue;
   MathClass math_class = MathClass::kFp32;  // asked for by the class rule
-  // Column-major: D[M, N] = op(X)[M, K] · op(Y)[K, N], leading dimensions in elements.
+  std::int64_t batch = 1;  // gemm_batched: independent products, strided in dim 0
+  double alpha = 1.0;      // D = alpha · P (+ epilogue); gemm() uses 1
+  // Column-major: D[M, N] = op(X)[M, K] · op(Y)[K, N], leading dimensions in elements;
+  // batch strides in elements (0 when batch == 1).
   struct ColumnMajor {
     std::int64_t m = 0, n = 0, k = 0;
     const Tensor* x = nullptr;  // = B
@@ -126,6 +129,7 @@ struct GemmProblem {
     bool trans_y = false;
     std::int64_t ldy = 0;
     std::int64_t ldd = 0;
+    std::int64_t stride_x = 0, stride_y = 0, stride_d = 0;
   } col;
 };
 
@@ -158,6 +162,12 @@ class Backend {
   // > 2 tensors are viewed as [rows, last dim]. All three on device().
   void gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             Tensor& c, bool accumulate, const GemmEpilogue& epilogue = {});
+  // `batch` independent products in one call (a strided batched GEMM, as attention's
+  // score and context products are): A, B, C are rank 3 with the batch in dim 0 and
+  // each [batch, ., .] slice as in gemm(); C[i] = alpha · op(A[i]) · op(B[i]), rounded
+  // once to C's dtype. One ledger record (with `batch`).
+  void gemm_batched(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                    bool trans_b, Tensor& c, double alpha = 1.0);
 
   // y[.., n] += bias[n] (in place).
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
@@ -210,6 +220,12 @@ class Backend {
   // (the engine may refine the requested one: cuBLASLt reports the algorithm's class),
   // the implementation text and, on CUDA, the cuBLASLt part.
   virtual void run_gemm(const GemmProblem& p, GemmRecord& record) = 0;
+
+  // Validation, class choice, canonicalization and recording shared by gemm() and
+  // gemm_batched().
+  void gemm_front_end(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                      bool trans_b, Tensor& c, bool accumulate, const GemmEpilogue& epilogue,
+                      bool batched, double alpha);
 
   // The class `gemm_rule()` gives a GEMM with these input dtypes and reduction length.
   MathClass choose_math_class(DType a, DType b, std::int64_t k) const;

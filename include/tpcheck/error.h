@@ -38,16 +38,29 @@ class Error : public std::runtime_error {
 
 namespace detail {
 [[noreturn]] void fail(ErrorKind kind, const char* file, int line, std::string message);
+
+// The message of a check, formatted at run time: nvcc cannot evaluate fmt's consteval
+// format-string check, so .cu files use this (g++ still checks every string it compiles).
+template <typename... Args>
+std::string format_message(fmt::string_view format, const Args&... args) {
+  return fmt::vformat(format, fmt::make_format_args(args...));
+}
 }  // namespace detail
 
 }  // namespace tpcheck
+
+#if defined(__CUDACC__)
+#define TPCHECK_FORMAT(...) ::tpcheck::detail::format_message(__VA_ARGS__)
+#else
+#define TPCHECK_FORMAT(...) ::fmt::format(__VA_ARGS__)
+#endif
 
 // TPCHECK_CHECK(cond, "fmt {}", args...): internal invariant; throws Error(kRuntime).
 #define TPCHECK_CHECK(cond, ...)                                                          \
   do {                                                                                    \
     if (!(cond))                                                                          \
       ::tpcheck::detail::fail(::tpcheck::ErrorKind::kRuntime, __FILE__, __LINE__,         \
-                              ::fmt::format(__VA_ARGS__));                                \
+                              TPCHECK_FORMAT(__VA_ARGS__));                                \
   } while (0)
 
 // TPCHECK_CHECK_INPUT(cond, "fmt {}", args...): user input; throws Error(kInput).
@@ -56,5 +69,5 @@ namespace detail {
   do {                                                                                    \
     if (!(cond))                                                                          \
       ::tpcheck::detail::fail(::tpcheck::ErrorKind::kInput, __FILE__, __LINE__,           \
-                              ::fmt::format(__VA_ARGS__));                                \
+                              TPCHECK_FORMAT(__VA_ARGS__));                                \
   } while (0)

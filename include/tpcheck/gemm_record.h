@@ -58,6 +58,8 @@ struct GemmRecord {
   std::string site;                 // "module.sub/pass"
   int rank = 0;                     // the TP rank whose backend ran it
   std::int64_t m = 0, n = 0, k = 0;  // C[m, n] = op(A)[m, k] · op(B)[k, n] (row-major, as called)
+  std::int64_t batch = 1;           // > 1 for gemm_batched (attention's products)
+  double alpha = 1.0;
   bool trans_a = false, trans_b = false;
   bool accumulate = false;          // C += (beta = 1) instead of C = (beta = 0)
   DType a_dtype = DType::kF32, b_dtype = DType::kF32, c_dtype = DType::kF32;

@@ -8,6 +8,7 @@
 #include <climits>
 #include <string>
 
+#include "tpcheck/cuda_backend.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
@@ -26,6 +27,7 @@ std::string join_names(const std::array<std::string_view, N>& names) {
 
 constexpr std::array<std::string_view, 5> kMathClassNames = {"fp64", "fp32", "tf32", "bf16",
                                                              "fp16"};
+constexpr std::array<std::string_view, 3> kGemmImplMaskNames = {"any", "tensor-core", "fma"};
 constexpr std::array<std::string_view, 2> kNormKindNames = {"LayerNorm", "RMSNorm"};
 constexpr std::array<std::string_view, 6> kActivationNames = {"gelu",  "relu",  "srelu",
                                                               "qgelu", "geglu", "swiglu"};
@@ -47,6 +49,13 @@ std::size_t parse_name(std::string_view what, std::string_view name,
 std::string_view math_class_name(MathClass c) { return kMathClassNames[static_cast<int>(c)]; }
 MathClass parse_math_class(std::string_view name) {
   return static_cast<MathClass>(parse_name("math class", name, kMathClassNames));
+}
+
+std::string_view gemm_impl_mask_name(GemmImplMask m) {
+  return kGemmImplMaskNames[static_cast<int>(m)];
+}
+GemmImplMask parse_gemm_impl_mask(std::string_view name) {
+  return static_cast<GemmImplMask>(parse_name("--gemm-impl", name, kGemmImplMaskNames));
 }
 
 std::string_view norm_kind_name(NormKind k) { return kNormKindNames[static_cast<int>(k)]; }
@@ -144,11 +153,17 @@ struct MatrixView {
 };
 
 MatrixView as_matrix(std::string_view site, std::string_view operand, const Tensor& t,
-                     Device device) {
+                     Device device, bool batched) {
   TPCHECK_CHECK_INPUT(t.defined(), "GEMM '{}': operand {} is undefined", site, operand);
   TPCHECK_CHECK_INPUT(t.device() == device,
                       "GEMM '{}': operand {} ({}) is on the {}; this backend computes on the {}",
                       site, operand, t.describe(), device_name(t.device()), device_name(device));
+  if (batched) {
+    TPCHECK_CHECK_INPUT(t.rank() == 3,
+                        "batched GEMM '{}': operand {} is {}; expected [batch, rows, cols]", site,
+                        operand, t.describe());
+    return {t.dim(1), t.dim(2)};
+  }
   TPCHECK_CHECK_INPUT(t.rank() >= 2,
                       "GEMM '{}': operand {} is {}; expected a matrix (rank >= 2, viewed as "
                       "[rows, last dim])",
@@ -161,11 +176,28 @@ MatrixView as_matrix(std::string_view site, std::string_view operand, const Tens
 
 void Backend::gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
                    bool trans_b, Tensor& c, bool accumulate, const GemmEpilogue& epilogue) {
+  gemm_front_end(site, a, trans_a, b, trans_b, c, accumulate, epilogue, false, 1.0);
+}
+
+void Backend::gemm_batched(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                           bool trans_b, Tensor& c, double alpha) {
+  gemm_front_end(site, a, trans_a, b, trans_b, c, false, GemmEpilogue{}, true, alpha);
+}
+
+void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                             bool trans_b, Tensor& c, bool accumulate,
+                             const GemmEpilogue& epilogue, bool batched, double alpha) {
   // Validate every shape before any work.
   const Device dev = device();
-  const MatrixView av = as_matrix(site, "A", a, dev);
-  const MatrixView bv = as_matrix(site, "B", b, dev);
-  const MatrixView cv = as_matrix(site, "C", c, dev);
+  const MatrixView av = as_matrix(site, "A", a, dev, batched);
+  const MatrixView bv = as_matrix(site, "B", b, dev, batched);
+  const MatrixView cv = as_matrix(site, "C", c, dev, batched);
+  const std::int64_t batch = batched ? a.dim(0) : 1;
+  if (batched) {
+    TPCHECK_CHECK_INPUT(b.dim(0) == batch && c.dim(0) == batch,
+                        "batched GEMM '{}': batch sizes differ: A {}, B {}, C {}", site,
+                        a.describe(), b.describe(), c.describe());
+  }
   const std::int64_t m = trans_a ? av.cols : av.rows;
   const std::int64_t k = trans_a ? av.rows : av.cols;
   const std::int64_t kb = trans_b ? bv.cols : bv.rows;
@@ -224,6 +256,13 @@ void Backend::gemm(std::string_view site, const Tensor& a, bool trans_a, const T
   p.col.trans_y = trans_a;
   p.col.ldy = std::max<std::int64_t>(1, av.cols);
   p.col.ldd = std::max<std::int64_t>(1, n);
+  p.batch = batch;
+  p.alpha = alpha;
+  if (batched) {
+    p.col.stride_x = bv.rows * bv.cols;
+    p.col.stride_y = av.rows * av.cols;
+    p.col.stride_d = m * n;
+  }
 
   GemmRecord record;
   record.site = std::string(site);
@@ -237,6 +276,8 @@ void Backend::gemm(std::string_view site, const Tensor& a, bool trans_a, const T
   record.a_dtype = a.dtype();
   record.b_dtype = b.dtype();
   record.c_dtype = c.dtype();
+  record.batch = batch;
+  record.alpha = alpha;
   record.epilogue = std::string(gemm_epilogue_name(epilogue));
   record.math_class = p.math_class;
   run_gemm(p, record);

@@ -53,27 +53,37 @@ void round_to_class(MathClass cls, std::vector<float>& v) {
 
 // P = op(X)·op(Y), column-major [M, N] (leading dimension M), beta = 0: the problem in
 // the one canonical form the front end gives every engine (GemmProblem::col).
-std::vector<float> blas_product(const GemmProblem::ColumnMajor& g, const std::vector<float>& x,
+// Batches one after another; alpha scales the product before any epilogue, as cuBLASLt's
+// alpha does.
+std::vector<float> blas_product(const GemmProblem& problem, const std::vector<float>& x,
                                 const std::vector<float>& y) {
-  std::vector<float> p(static_cast<std::size_t>(g.m * g.n), 0.0f);
+  const GemmProblem::ColumnMajor& g = problem.col;
+  std::vector<float> p(static_cast<std::size_t>(problem.batch * g.m * g.n), 0.0f);
   if (g.m == 0 || g.n == 0 || g.k == 0) return p;
-  cblas_sgemm(CblasColMajor, g.trans_x ? CblasTrans : CblasNoTrans,
-              g.trans_y ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
-              static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, x.data(),
-              static_cast<int>(g.ldx), y.data(), static_cast<int>(g.ldy), 0.0f, p.data(),
-              static_cast<int>(g.ldd));
+  for (std::int64_t i = 0; i < problem.batch; ++i) {
+    cblas_sgemm(CblasColMajor, g.trans_x ? CblasTrans : CblasNoTrans,
+                g.trans_y ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+                static_cast<int>(g.n), static_cast<int>(g.k), static_cast<float>(problem.alpha),
+                x.data() + i * g.stride_x, static_cast<int>(g.ldx), y.data() + i * g.stride_y,
+                static_cast<int>(g.ldy), 0.0f, p.data() + i * g.stride_d,
+                static_cast<int>(g.ldd));
+  }
   return p;
 }
 
-std::vector<double> blas_product(const GemmProblem::ColumnMajor& g, const std::vector<double>& x,
+std::vector<double> blas_product(const GemmProblem& problem, const std::vector<double>& x,
                                  const std::vector<double>& y) {
-  std::vector<double> p(static_cast<std::size_t>(g.m * g.n), 0.0);
+  const GemmProblem::ColumnMajor& g = problem.col;
+  std::vector<double> p(static_cast<std::size_t>(problem.batch * g.m * g.n), 0.0);
   if (g.m == 0 || g.n == 0 || g.k == 0) return p;
-  cblas_dgemm(CblasColMajor, g.trans_x ? CblasTrans : CblasNoTrans,
-              g.trans_y ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
-              static_cast<int>(g.n), static_cast<int>(g.k), 1.0, x.data(),
-              static_cast<int>(g.ldx), y.data(), static_cast<int>(g.ldy), 0.0, p.data(),
-              static_cast<int>(g.ldd));
+  for (std::int64_t i = 0; i < problem.batch; ++i) {
+    cblas_dgemm(CblasColMajor, g.trans_x ? CblasTrans : CblasNoTrans,
+                g.trans_y ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+                static_cast<int>(g.n), static_cast<int>(g.k), problem.alpha,
+                x.data() + i * g.stride_x, static_cast<int>(g.ldx), y.data() + i * g.stride_y,
+                static_cast<int>(g.ldy), 0.0, p.data() + i * g.stride_d,
+                static_cast<int>(g.ldd));
+  }
   return p;
 }
 
@@ -141,7 +151,7 @@ std::string implementation_text(MathClass cls) {
 void CpuBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
   const MathClass cls = p.math_class;
   if (cls == MathClass::kFp64) {
-    std::vector<double> product = blas_product(p.col, p.col.x->to_f64(), p.col.y->to_f64());
+    std::vector<double> product = blas_product(p, p.col.x->to_f64(), p.col.y->to_f64());
     apply_epilogue(p.epilogue, p.n, product);
     write_result(product, *p.c, p.accumulate);
   } else {
@@ -149,7 +159,7 @@ void CpuBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
     std::vector<float> y = cpu::load<float>(*p.col.y);
     round_to_class(cls, x);
     round_to_class(cls, y);
-    std::vector<float> product = blas_product(p.col, x, y);
+    std::vector<float> product = blas_product(p, x, y);
     apply_epilogue(p.epilogue, p.n, product);
     write_result(product, *p.c, p.accumulate);
   }

@@ -1,0 +1,38 @@
+// tpcheck/cuda_backend.h — the CUDA backend's options and factory (no CUDA headers here).
+//
+// A CudaBackend computes every Backend op on one GPU, on its own stream, with its own
+// cuBLASLt handle and workspace: one per rank, so N emulated ranks on one GPU run
+// concurrently and choose algorithms exactly as N separate GPUs would (cuBLASLt's
+// heuristic depends on the shape, the types and the device, not on the process).
+// Built without CUDA, make_cuda_backend throws Error(kInput) saying so.
+// Thread safety: like every Backend, one rank (thread) at a time.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tpcheck/backend.h"
+
+namespace tpcheck {
+
+// Which cuBLASLt implementations a GEMM may use (CUBLASLT_MATMUL_PREF_IMPL_MASK).
+enum class GemmImplMask { kAny, kTensorCore, kFma };
+std::string_view gemm_impl_mask_name(GemmImplMask m);  // "any", "tensor-core", "fma"
+GemmImplMask parse_gemm_impl_mask(std::string_view name);  // throws Error(kInput)
+
+struct CudaBackendOptions {
+  int device = 0;               // CUDA device ordinal
+  bool allow_tf32 = true;       // f32 GEMMs: CUBLAS_COMPUTE_32F_FAST_TF32, else 32F
+  GemmImplMask impl_mask = GemmImplMask::kAny;
+  std::size_t workspace_bytes = std::size_t{32} << 20;  // as the reference library uses
+};
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+// Versions for reports: "CUDA runtime 13.0, driver 13.0, cuBLASLt 13.1.0, NCCL 2.28.3", or
+// why there is no CUDA.
+std::string cuda_versions();
+
+}  // namespace tpcheck

@@ -1,0 +1,77 @@
+// cuda_backend.cu — CudaBackend's lifetime (stream, cuBLASLt handle, workspace), the
+// factory, versions for reports, and the error functions behind cuda_check.h.
+#include "backend/cuda/cuda_backend.h"
+
+#include <nccl.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_runtime.h"
+
+namespace tpcheck {
+
+namespace cuda {
+
+void fail_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  (void)cudaGetLastError();  // clear a sticky-free error so the next call reports its own
+  detail::fail(ErrorKind::kRuntime, file, line,
+               TPCHECK_FORMAT("CUDA error {} ({}) in {}", cudaGetErrorName(status),
+                           cudaGetErrorString(status), call));
+}
+
+void fail_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  detail::fail(ErrorKind::kRuntime, file, line,
+               TPCHECK_FORMAT("cuBLASLt error {} ({}) in {}", cublasGetStatusName(status),
+                           cublasGetStatusString(status), call));
+}
+
+}  // namespace cuda
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  TPCHECK_CHECK_INPUT(status == cudaSuccess && count > 0,
+                      "--backend cuda: no usable GPU ({}); run on a machine with an NVIDIA GPU "
+                      "and driver, or use --backend cpu",
+                      status == cudaSuccess ? "no CUDA device" : cudaGetErrorString(status));
+  TPCHECK_CHECK_INPUT(options.device >= 0 && options.device < count,
+                      "CUDA device {} does not exist; this machine has {} (0..{})", options.device,
+                      count, count - 1);
+  cuda::install_cuda_runtime();
+  TPCHECK_CUDA_CHECK(cudaSetDevice(options.device));
+  TPCHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  cuda::set_current_stream(options.device, stream_);
+  TPCHECK_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  // cudaMalloc returns 256-byte aligned memory, the alignment cuBLASLt asks of workspaces.
+  TPCHECK_CUDA_CHECK(cudaMalloc(&workspace_, options.workspace_bytes));
+}
+
+CudaBackend::~CudaBackend() {
+  // Never throw from here: a failed rank is already unwinding.
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (stream_ != nullptr) {
+    if (cuda::current_stream() == stream_) cuda::set_current_stream(options_.device, nullptr);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void CudaBackend::synchronize() { TPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+std::string cuda_versions() {
+  int runtime = 0, driver = 0, nccl = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  ncclGetVersion(&nccl);
+  const std::size_t lt = cublasLtGetVersion();
+  return TPCHECK_FORMAT("CUDA runtime {}.{}, driver {}.{}, cuBLASLt {}.{}.{}, NCCL {}.{}.{}",
+                     runtime / 1000, runtime % 1000 / 10, driver / 1000, driver % 1000 / 10,
+                     lt / 10000, lt % 10000 / 100, lt % 100, nccl / 10000, nccl % 10000 / 100,
+                     nccl % 100);
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,91 @@
+// cuda_backend.h — CudaBackend: every Backend op on one GPU.
+//
+// One object per rank: its own stream (every op and every Tensor operation of its thread
+// runs there), its own cuBLASLt handle and 32 MiB workspace (256-byte aligned), so ranks
+// emulated on one GPU run independently and cuBLASLt chooses for each exactly as it would
+// on a GPU of its own.
+//
+// Ops live one file per op, forward and backward kernels with their host launchers, named
+// like the CPU twins (src/backend/cpu): gemm.cu (cuBLASLt engine), bias.cu, norm.cu,
+// activation.cu, attention.cu, elementwise.cu. Math as the CPU backend: widen exactly,
+// compute in f32 (f64 for f64), round once to the storage dtype where a kernel stores.
+// Thread safety: one rank (thread) at a time; the constructor makes the stream current
+// for the constructing thread (the rank thread), so construct it there.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "tpcheck/backend.h"
+#include "tpcheck/cuda_backend.h"
+
+namespace tpcheck {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  void synchronize() override;
+
+  const CudaBackendOptions& options() const { return options_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // bias.cu
+  void add_bias(Tensor& y, const Tensor& bias) override;
+  void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override;
+
+  // norm.cu
+  NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           double eps, bool zero_centered_gamma) override;
+  Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                       const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
+                       Tensor& dbeta) override;
+
+  // activation.cu
+  Tensor activation_forward(Activation act, const Tensor& x) override;
+  Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override;
+
+  // attention.cu
+  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionMask& mask, double scale) override;
+  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const AttentionForward& saved,
+                                    const AttentionMask& mask, double scale) override;
+
+  // elementwise.cu
+  Tensor add(const Tensor& a, const Tensor& b) override;
+  void accumulate(Tensor& into, const Tensor& x) override;
+  Tensor scale(const Tensor& x, double s) override;
+  double mse_loss(const Tensor& y, const Tensor& target) override;
+  Tensor mse_loss_backward(const Tensor& y, const Tensor& target) override;
+
+ protected:
+  // gemm.cu
+  void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+
+ private:
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  // cuBLASLt heuristic results by problem (the heuristic is deterministic for a shape, so
+  // asking once per shape is what a library with an algorithm cache does).
+  struct CachedAlgo {
+    cublasLtMatmulAlgo_t algo;
+    std::size_t workspace = 0;
+    float waves = 0;
+  };
+  std::map<std::string, CachedAlgo> algo_cache_;
+  friend struct CudaGemmEngine;
+};
+
+}  // namespace tpcheck

@@ -1,0 +1,222 @@
+// cuda_runtime.cu — the CUDA DeviceRuntime: caching allocator, stream-ordered copies,
+// cast kernels, per-thread current stream (see cuda_runtime.h).
+#include "backend/cuda/cuda_runtime.h"
+
+#include <cuda_fp8.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_util.cuh"
+
+namespace tpcheck::cuda {
+namespace {
+
+thread_local cudaStream_t t_stream = nullptr;
+thread_local int t_device = 0;
+
+std::size_t round_size(std::size_t bytes) {
+  constexpr std::size_t kSmall = 512, kLarge = std::size_t{2} << 20;
+  if (bytes <= (std::size_t{1} << 20)) return (bytes + kSmall - 1) / kSmall * kSmall;
+  return (bytes + kLarge - 1) / kLarge * kLarge;
+}
+
+// Free blocks keyed by (device, stream, rounded size).
+class CachingAllocator {
+ public:
+  std::shared_ptr<std::byte> allocate(std::size_t bytes) {
+    const std::size_t size = round_size(bytes);
+    const int device = t_device;
+    cudaStream_t stream = t_stream;
+    void* p = take(device, stream, size);
+    if (p == nullptr) {
+      TPCHECK_CUDA_CHECK(cudaSetDevice(device));
+      cudaError_t status = cudaMalloc(&p, size);
+      if (status == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        release_cached();
+        status = cudaMalloc(&p, size);
+      }
+      if (status == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        std::size_t free_bytes = 0, total_bytes = 0;
+        cudaMemGetInfo(&free_bytes, &total_bytes);
+        TPCHECK_CHECK(false,
+                      "out of device memory on GPU {}: asked for {:.1f} MiB with {:.1f} MiB free "
+                      "of {:.1f} MiB; use smaller sizes (--hidden/--ffn/--seq/--batch) or fewer "
+                      "emulated ranks",
+                      device, size / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0);
+      }
+      TPCHECK_CUDA_CHECK(status);
+      std::lock_guard<std::mutex> lock(mu_);
+      reserved_ += size;
+    }
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [this, device, stream, size](std::byte* q) {
+      give_back(device, stream, size, q);
+    });
+  }
+
+  std::size_t reserved() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reserved_;
+  }
+
+ private:
+  using Key = std::tuple<int, cudaStream_t, std::size_t>;
+
+  void* take(int device, cudaStream_t stream, std::size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(Key{device, stream, size});
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  void give_back(int device, cudaStream_t stream, std::size_t size, void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[Key{device, stream, size}].push_back(p);
+  }
+  // Frees every cached block (after synchronizing the device: a cached block may still be
+  // read by queued work of its stream).
+  void release_cached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaDeviceSynchronize();
+    for (auto& [key, blocks] : free_) {
+      cudaSetDevice(std::get<0>(key));
+      for (void* p : blocks) {
+        cudaFree(p);
+        reserved_ -= std::get<2>(key);
+      }
+      blocks.clear();
+    }
+    cudaSetDevice(t_device);
+  }
+
+  std::mutex mu_;
+  std::map<Key, std::vector<void*>> free_;
+  std::size_t reserved_ = 0;
+};
+
+// ---- casts: widen exactly to double, round once to the destination ---------------------
+__device__ double load_any(const void* p, DType t, long long i) {
+  switch (t) {
+    case DType::kF64: return static_cast<const double*>(p)[i];
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF8E4M3: {
+      __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[i], __NV_E4M3);
+      return __half2float(__half(h));
+    }
+    case DType::kF8E5M2: {
+      __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[i], __NV_E5M2);
+      return __half2float(__half(h));
+    }
+  }
+  return 0;
+}
+
+__device__ void store_any(void* p, DType t, long long i, double v, bool saturate) {
+  switch (t) {
+    case DType::kF64: static_cast<double*>(p)[i] = v; return;
+    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case DType::kF16: {
+      __half h = __double2half(v);
+      if (saturate && __hisinf(h)) h = __double2half(v > 0 ? 65504.0 : -65504.0);
+      static_cast<__half*>(p)[i] = h;
+      return;
+    }
+    case DType::kBF16: {
+      __nv_bfloat16 h = __double2bfloat16(v);
+      if (saturate && __hisinf(h)) h = __double2bfloat16(v > 0 ? 3.3895313892515355e38 : -3.3895313892515355e38);
+      static_cast<__nv_bfloat16*>(p)[i] = h;
+      return;
+    }
+    case DType::kF8E4M3:
+      static_cast<__nv_fp8_storage_t*>(p)[i] =
+          __nv_cvt_double_to_fp8(v, saturate ? __NV_SATFINITE : __NV_NOSAT, __NV_E4M3);
+      return;
+    case DType::kF8E5M2:
+      static_cast<__nv_fp8_storage_t*>(p)[i] =
+          __nv_cvt_double_to_fp8(v, saturate ? __NV_SATFINITE : __NV_NOSAT, __NV_E5M2);
+      return;
+  }
+}
+
+__global__ void cast_kernel(void* dst, DType dst_t, const void* src, DType src_t, long long n,
+                            bool saturate) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    store_any(dst, dst_t, i, load_any(src, src_t, i), saturate);
+  }
+}
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  std::shared_ptr<std::byte> allocate(std::size_t bytes) override {
+    return allocator_.allocate(bytes);
+  }
+  void copy(void* dst, Device dst_device, const void* src, Device src_device,
+            std::size_t bytes) override {
+    if (bytes == 0) return;
+    const cudaMemcpyKind kind =
+        dst_device == Device::kCpu
+            ? (src_device == Device::kCpu ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
+            : (src_device == Device::kCpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+    TPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, t_stream));
+    // Host memory may be pageable and may die when the caller returns: wait for any copy
+    // that touches it.
+    if (kind != cudaMemcpyDeviceToDevice) TPCHECK_CUDA_CHECK(cudaStreamSynchronize(t_stream));
+  }
+  void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                 std::size_t row_bytes, std::size_t rows) override {
+    if (row_bytes == 0 || rows == 0) return;
+    TPCHECK_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                         cudaMemcpyDeviceToDevice, t_stream));
+  }
+  void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n,
+            CastMode mode) override {
+    if (n == 0) return;
+    cast_kernel<<<grid_for(n), 256, 0, t_stream>>>(dst, dst_dtype, src, src_dtype, n,
+                                                    mode == CastMode::kSaturate);
+    TPCHECK_LAUNCH_CHECK();
+  }
+  void fill_zero(void* dst, std::size_t bytes) override {
+    if (bytes == 0) return;
+    TPCHECK_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, t_stream));
+  }
+  void synchronize() override { TPCHECK_CUDA_CHECK(cudaStreamSynchronize(t_stream)); }
+
+  std::size_t reserved() { return allocator_.reserved(); }
+
+ private:
+  CachingAllocator allocator_;
+};
+
+CudaRuntime& runtime_instance() {
+  static CudaRuntime* runtime = new CudaRuntime();  // never destroyed: outlives every tensor
+  return *runtime;
+}
+
+}  // namespace
+
+cudaStream_t current_stream() { return t_stream; }
+
+void set_current_stream(int device, cudaStream_t stream) {
+  t_device = device;
+  t_stream = stream;
+  TPCHECK_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceRuntime& install_cuda_runtime() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_device_runtime(Device::kCuda, &runtime_instance()); });
+  return runtime_instance();
+}
+
+std::size_t allocator_bytes_reserved() { return runtime_instance().reserved(); }
+
+}  // namespace tpcheck::cuda

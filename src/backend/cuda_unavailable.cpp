@@ -1,0 +1,19 @@
+// The CUDA backend's entry points in a build without CUDA: a clear error, not a link
+// failure, so the CLI and tests can say what is missing.
+#ifndef TPCHECK_HAVE_CUDA
+#include "tpcheck/cuda_backend.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
+  TPCHECK_CHECK_INPUT(false,
+                      "--backend cuda: this tpcheck was built without CUDA (TPCHECK_CUDA=OFF); "
+                      "rebuild on a machine with nvcc, or use --backend cpu");
+  return nullptr;
+}
+
+std::string cuda_versions() { return "built without CUDA"; }
+
+}  // namespace tpcheck
+#endif
