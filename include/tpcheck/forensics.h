@@ -20,9 +20,11 @@ struct GemmClassDiff {
   int occurrence = 0;
   GemmRecord single;
   GemmRecord sharded;
+  bool class_differs = false;      // numerical class (what changes the rounding)
+  bool algorithm_differs = false;  // cuBLASLt algorithm or configuration (same_algorithm)
 };
 
-// Sites present in both ledgers whose math class differs.
+// Sites present in both ledgers whose math class or algorithm differs.
 std::vector<GemmClassDiff> diff_gemm_classes(const std::vector<GemmRecord>& single,
                                              const std::vector<GemmRecord>& sharded);
 

@@ -30,6 +30,9 @@ struct RunSettings {
   std::size_t chosen_policy = 0;  // index into policies: decides pass/fail and exit code
   CompareOptions compare;
   std::vector<std::string> notes; // what the suite adjusted
+  // Backend- and device-specific environment (GPU, versions, TF32, workspace,
+  // communicator), merged into the JSON environment.
+  nlohmann::json environment = nlohmann::json::object();
 };
 
 struct Summary {

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tpcheck/backend.h"
+#include "tpcheck/comm.h"
 #include "tpcheck/forensics.h"
 #include "tpcheck/gemm_record.h"
 #include "tpcheck/numerics.h"
@@ -53,11 +56,30 @@ std::vector<std::string> suite_names();
 // `tp` does not divide an explicitly given size (naming it).
 Suite make_suite(const std::string& name, int tp, const SuiteSizes& sizes);
 
+// Where a case's runs compute. `make_backend(rank)` makes the backend of one rank, on the
+// calling thread (a CUDA backend makes its stream current there); the single and truth
+// runs use make_backend(0). `launch_group(world, body)` runs body(comm) once per sharded
+// rank and waits for all of them (threads on the CPU; threads on one GPU with the ring
+// communicator; one thread per GPU over NCCL), rethrowing the first failure.
+using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;
+using GroupLauncher =
+    std::function<void(int world, const std::function<void(Communicator&)>& body)>;
+
+struct Execution {
+  std::string backend = "cpu";      // for reports: "cpu", "cuda"
+  std::string communicator = "threads (rank-order f32 sums)";  // for reports
+  BackendFactory make_backend;      // default: the CPU backend
+  GroupLauncher launch_group;       // default: run_thread_group
+};
+// The CPU backend with thread ranks (what CI runs).
+Execution cpu_execution();
+
 struct RunConfig {
   int tp = 4;
   std::uint64_t seed = 1234;
   Mutation mutation = Mutation::kNone;
   GemmClassRule gemm_rule;  // single and sharded runs; truth always computes in fp64
+  Execution execution = cpu_execution();
 };
 
 // One compared tensor, global shape, in each run.
@@ -70,7 +92,9 @@ struct ComparedTensor {
 
 struct CaseRun {
   std::vector<ComparedTensor> tensors;
-  std::vector<GemmRecord> single_gemms, sharded_gemms, truth_gemms;  // sharded: rank 0
+  std::vector<GemmRecord> single_gemms, truth_gemms;
+  std::vector<GemmRecord> sharded_gemms;  // rank 0's ledger (the one diffs are shown for)
+  std::vector<std::vector<GemmRecord>> sharded_gemms_by_rank;  // every rank's ledger
   double seconds = 0;
 };
 

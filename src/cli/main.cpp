@@ -8,6 +8,7 @@
 #include <iostream>
 #include <regex>
 
+#include "cli/execution.h"
 #include "tpcheck/device.h"
 #include "tpcheck/error.h"
 #include "tpcheck/report.h"
@@ -19,7 +20,7 @@ namespace {
 constexpr int kExitPass = 0, kExitFail = 1, kExitUsage = 2, kExitRuntime = 3;
 
 struct RunArgs {
-  std::string backend = "auto";
+  ExecutionArgs execution;
   int tp = 4;
   std::string suite = "te";
   std::string filter;
@@ -77,16 +78,8 @@ std::vector<SuiteCase> select_cases(const Suite& suite, const std::string& filte
   return out;
 }
 
-std::string resolve_backend(const std::string& requested) {
-  if (requested == "cpu") return "cpu";
-  if (requested == "auto") return "cpu";  // the CUDA backend is not built yet; see README
-  throw Error(ErrorKind::kInput,
-              fmt::format("unknown or unavailable --backend '{}'; available: cpu (auto picks cpu)", requested));
-}
-
-int run_command(const RunArgs& a) {
+int run_command(const RunArgs& a, bool cpu_gemm_given) {
   // Every check happens before any work starts.
-  const std::string backend = resolve_backend(a.backend);
   const Policy chosen = parse_policy(a.policy);
   const Mutation mutation = parse_mutation(a.mutate);
   const GemmClassRule rule = parse_cpu_gemm(a.cpu_gemm);
@@ -102,7 +95,6 @@ int run_command(const RunArgs& a) {
   }
 
   RunSettings settings;
-  settings.backend = backend;
   settings.suite = suite.name;
   settings.tp = a.tp;
   settings.seed = a.seed;
@@ -114,14 +106,12 @@ int run_command(const RunArgs& a) {
   }
   settings.compare = CompareOptions{a.rtol, a.atol};
   settings.notes = suite.notes;
-  if (const DeviceInfo devices = query_devices(); devices.cuda_devices > 0) {
-    settings.notes.push_back(fmt::format(
-        "{} found; the CUDA backend is not built yet, so this run uses the CPU", devices.description));
-  }
+  const ResolvedExecution resolved =
+      resolve_execution(a.execution, a.tp, rule, cpu_gemm_given, settings);
 
   // Ranks are the parallelism; one BLAS thread keeps results independent of the machine.
   set_cpu_gemm_threads(1);
-  RunConfig config{a.tp, a.seed, mutation, rule};
+  RunConfig config{a.tp, a.seed, mutation, resolved.gemm_rule, resolved.execution};
   for (const SuiteCase& c : cases) check_case(c, config);  // nothing half-run on bad input
   JudgeConfig judge{settings.policies, settings.compare};
 
@@ -158,14 +148,23 @@ int main_impl(int argc, char** argv) {
   RunArgs args;
 
   CLI::App* run = app.add_subcommand("run", "run a suite: single, sharded and fp64 truth runs, judged");
-  run->add_option("--backend", args.backend, "cpu, or auto (default: cpu until the CUDA backend lands)");
+  run->add_option("--backend", args.execution.backend,
+                  "auto (default: cuda when a GPU is present, else cpu), cpu or cuda");
+  run->add_option("--tf32", args.execution.tf32, "cuda: f32 GEMMs may use TF32 (on, default) or not (off)");
+  run->add_option("--gemm-impl", args.execution.gemm_impl,
+                  "cuda: cuBLASLt implementations allowed: any (default), tensor-core or fma");
+  run->add_option("--comm", args.execution.comm,
+                  "cuda: auto (default: NCCL when there is a GPU per rank, else emulated), emulated or nccl");
+  run->add_option("--comm-order", args.execution.comm_order,
+                  "cuda emulated collectives: nccl-ring (default: NCCL's ring order and rounding) or rank");
   run->add_option("--tp", args.tp, "tensor-parallel size (thread ranks on the CPU)");
   run->add_option("--suite", args.suite, "suite name (te)");
   run->add_option("--filter", args.filter, "regex over case ids (see `tpcheck list`)");
   run->add_option("--policy", args.policy, "te, allclose, truth (default) or bitwise");
   run->add_option("--seed", args.seed, "seed of parameters, inputs and targets");
   run->add_option("--mutate", args.mutate, "build the sharded layers with a TP bug (see `tpcheck mutations`)");
-  run->add_option("--cpu-gemm", args.cpu_gemm, "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
+  CLI::Option* cpu_gemm = run->add_option("--cpu-gemm", args.cpu_gemm,
+                                          "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
   run->add_option("--json", args.json_path, "write the JSON report (schema tpcheck.run/1) here");
   run->add_option("--rtol", args.rtol, "override rtol of te/allclose");
   run->add_option("--atol", args.atol, "override atol of te/allclose");
@@ -188,7 +187,7 @@ int main_impl(int argc, char** argv) {
   }
   if (*list) return list_command(args);
   if (app.got_subcommand("mutations")) return mutations_command();
-  return run_command(args);  // `tpcheck` alone runs the default suite
+  return run_command(args, cpu_gemm->count() > 0);  // `tpcheck` alone runs the default suite
 }
 
 }  // namespace

@@ -21,7 +21,11 @@ std::vector<GemmClassDiff> diff_gemm_classes(const std::vector<GemmRecord>& sing
     auto it = sharded_at.find({s.site, occurrence});
     if (it == sharded_at.end()) continue;
     const GemmRecord& d = sharded[it->second];
-    if (d.math_class != s.math_class) diffs.push_back({s.site, occurrence, s, d});
+    const bool class_differs = d.math_class != s.math_class;
+    const bool algorithm_differs = !s.same_algorithm(d);
+    if (class_differs || algorithm_differs) {
+      diffs.push_back({s.site, occurrence, s, d, class_differs, algorithm_differs});
+    }
   }
   return diffs;
 }

@@ -60,9 +60,18 @@ void print_case(std::ostream& out, const CaseResult& result, const RunSettings& 
     }
   }
   for (const GemmClassDiff& d : result.gemm_class_diffs) {
-    fmt::print(out, "     gemm class differs at {}: single {} (m={} n={} k={}) vs sharded {} (m={} n={} k={})\n",
-               d.site, math_class_name(d.single.math_class), d.single.m, d.single.n, d.single.k,
-               math_class_name(d.sharded.math_class), d.sharded.m, d.sharded.n, d.sharded.k);
+    if (d.class_differs) {
+      fmt::print(out, "     gemm class differs at {}: single {} (m={} n={} k={}) vs sharded {} (m={} n={} k={})\n",
+                 d.site, math_class_name(d.single.math_class), d.single.m, d.single.n, d.single.k,
+                 math_class_name(d.sharded.math_class), d.sharded.m, d.sharded.n, d.sharded.k);
+    }
+    // The cuBLASLt algorithm (on the CPU the class is all there is), with or without a
+    // class change: the single and sharded shapes ran different kernels.
+    if (d.single.cublaslt && d.sharded.cublaslt && d.algorithm_differs) {
+      fmt::print(out, "     gemm algorithm differs at {}: single {} (m={} n={} k={}) vs sharded {} (m={} n={} k={})\n",
+                 d.site, d.single.implementation, d.single.m, d.single.n, d.single.k,
+                 d.sharded.implementation, d.sharded.m, d.sharded.n, d.sharded.k);
+    }
   }
 }
 

@@ -57,8 +57,27 @@ json verdicts_json(const std::vector<Verdict>& verdicts, const RunSettings& sett
 }
 
 json gemm_json(const GemmRecord& r) {
-  return {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"math_class", math_class_name(r.math_class)},
-          {"implementation", r.implementation}};
+  json j = {{"m", r.m}, {"n", r.n}, {"k", r.k}, {"batch", r.batch},
+            {"rank", r.rank}, {"trans_a", r.trans_a}, {"trans_b", r.trans_b},
+            {"dtypes", {dtype_name(r.a_dtype), dtype_name(r.b_dtype), dtype_name(r.c_dtype)}},
+            {"epilogue", r.epilogue}, {"math_class", math_class_name(r.math_class)},
+            {"implementation", r.implementation}};
+  if (r.cublaslt) {
+    const CublasLtAlgoRecord& a = *r.cublaslt;
+    j["cublaslt"] = {{"compute_type", a.compute_type}, {"scale_type", a.scale_type},
+                     {"epilogue", a.epilogue}, {"algo_id", a.algo_id},
+                     {"tile", a.tile_name}, {"stages", a.stages_name}, {"split_k", a.split_k},
+                     {"reduction_scheme", a.reduction_scheme_name},
+                     {"cta_swizzling", a.cta_swizzling}, {"custom_option", a.custom_option},
+                     {"cluster_shape", a.cluster_shape_name},
+                     {"numerical_impl_flags", a.numerical_impl_flags},
+                     {"numerical_impl", a.numerical_impl},
+                     {"workspace_bytes", a.workspace_bytes},
+                     {"workspace_limit", a.workspace_limit},
+                     {"alignments", {a.alignment_a, a.alignment_b, a.alignment_c, a.alignment_d}},
+                     {"waves_count", a.waves_count}, {"impl_mask", a.impl_mask}};
+  }
+  return j;
 }
 
 }  // namespace
@@ -75,6 +94,8 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
   json diffs = json::array();
   for (const GemmClassDiff& d : result.gemm_class_diffs) {
     diffs.push_back({{"site", d.site}, {"occurrence", d.occurrence},
+                     {"class_differs", d.class_differs},
+                     {"algorithm_differs", d.algorithm_differs},
                      {"single", gemm_json(d.single)}, {"sharded", gemm_json(d.sharded)}});
   }
   json truth_model = json::object();
@@ -113,23 +134,24 @@ json run_to_json(const std::vector<CaseResult>& results, const RunSettings& sett
   json compare = json::object();
   if (settings.compare.rtol) compare["rtol"] = *settings.compare.rtol;
   if (settings.compare.atol) compare["atol"] = *settings.compare.atol;
+  json environment = {{"tpcheck_version", TPCHECK_VERSION},
+                     {"compiler", __VERSION__},
+                     {"date", date},
+                     {"backend", settings.backend},
+                     {"devices", device.description},
+                     {"cpu_gemm_library", cpu_gemm_library()},
+                     {"cpu_gemm_threads", cpu_gemm_threads()},
+                     {"suite", settings.suite},
+                     {"tp", settings.tp},
+                     {"seed", settings.seed},
+                     {"mutation", settings.mutation},
+                     {"cpu_gemm", settings.cpu_gemm},
+                     {"policy", policy_name(settings.policies[settings.chosen_policy].kind)},
+                     {"tolerance_override", compare},
+                     {"notes", settings.notes}};
+  environment.update(settings.environment);
   return {{"schema", "tpcheck.run/1"},
-          {"environment",
-           {{"tpcheck_version", TPCHECK_VERSION},
-            {"compiler", __VERSION__},
-            {"date", date},
-            {"backend", settings.backend},
-            {"devices", device.description},
-            {"cpu_gemm_library", cpu_gemm_library()},
-            {"cpu_gemm_threads", cpu_gemm_threads()},
-            {"suite", settings.suite},
-            {"tp", settings.tp},
-            {"seed", settings.seed},
-            {"mutation", settings.mutation},
-            {"cpu_gemm", settings.cpu_gemm},
-            {"policy", policy_name(settings.policies[settings.chosen_policy].kind)},
-            {"tolerance_override", compare},
-            {"notes", settings.notes}}},
+          {"environment", std::move(environment)},
           {"cases", std::move(cases)},
           {"summary", {{"passed", s.passed}, {"failed", s.failed},
                        {"policy", policy_name(settings.policies[settings.chosen_policy].kind)}}}};

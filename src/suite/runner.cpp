@@ -76,16 +76,27 @@ Tensor shard_of(const Tensor& global, const ShardSpec& spec, const Communicator&
 }
 
 // One run of the case on one rank of `comm` (size 1 for single and truth).
+// Host copies of a rank's results (the comparison reads them on the host).
+LayerOutputs to_host(const LayerOutputs& o) {
+  auto host = [](const Tensor& t) { return t.defined() ? t.to_host() : t; };
+  return {host(o.output), host(o.bias), host(o.layernorm_output)};
+}
+
 RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
                     const GemmClassRule& rule, Mutation mutation, std::uint64_t seed,
-                    Communicator& comm, Layouts* layouts) {
-  std::unique_ptr<Backend> backend = make_cpu_backend();
+                    const Execution& execution, Communicator& comm, Layouts* layouts) {
+  std::unique_ptr<Backend> backend = execution.make_backend(comm.rank());
   backend->set_gemm_rule(rule);
+  backend->set_rank(comm.rank());
+  const Device device = backend->device();
   ModuleContext ctx{backend.get(), &comm, seed, mutation};
   std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{c.module, options}, ctx);
 
+  // Inputs and loss targets are generated on the host from global indices and moved to
+  // the backend's device; outputs come back to the host for the loss and the comparison.
   Tensor input = generate(FillSpec::normal(0, 1), seed, "input", c.input_shape, dtype,
-                          layer->input_layout(), comm.rank(), comm.size());
+                          layer->input_layout(), comm.rank(), comm.size())
+                     .to_device(device);
   LayerOutputs local = layer->forward(input);
   const OutputLayout layout = layer->output_layout();
 
@@ -95,16 +106,20 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   if (local.layernorm_output.defined())
     global.layernorm_output = gather_global(comm, local.layernorm_output, layout.layernorm_output);
 
-  OutputGrads global_grads = loss_gradients(global, seed);
-  OutputGrads grads{shard_of(global_grads.output, layout.output, comm),
-                    shard_of(global_grads.bias, layout.bias, comm),
-                    shard_of(global_grads.layernorm_output, layout.layernorm_output, comm)};
+  OutputGrads global_grads = loss_gradients(to_host(global), seed);
+  auto local_grad = [&](const Tensor& g, const ShardSpec& spec) {
+    const Tensor shard = shard_of(g, spec, comm);
+    return shard.defined() ? shard.to_device(device) : shard;
+  };
+  OutputGrads grads{local_grad(global_grads.output, layout.output),
+                    local_grad(global_grads.bias, layout.bias),
+                    local_grad(global_grads.layernorm_output, layout.layernorm_output)};
   layer->backward(grads);
   if (layer->delays_wgrad()) layer->backward_dw();
 
   RankResult result;
-  result.outputs = local;
-  for (Parameter* p : layer->parameters()) result.gradients.push_back(p->gradient());
+  result.outputs = to_host(local);
+  for (Parameter* p : layer->parameters()) result.gradients.push_back(p->gradient().to_host());
   result.gemms = backend->ledger().records();
   if (layouts != nullptr) {
     layouts->outputs = layout;
@@ -117,9 +132,10 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
 }
 
 RankResult run_unsharded(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                         const GemmClassRule& rule, std::uint64_t seed, Layouts* layouts) {
+                         const GemmClassRule& rule, std::uint64_t seed,
+                         const Execution& execution, Layouts* layouts) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
-  return run_rank(c, options, dtype, rule, Mutation::kNone, seed, *comm, layouts);
+  return run_rank(c, options, dtype, rule, Mutation::kNone, seed, execution, *comm, layouts);
 }
 
 // Stands in for rank 0 of a group of `size` when layers are only constructed (which needs
@@ -146,7 +162,19 @@ class ConstructionOnlyCommunicator : public Communicator {
 
 }  // namespace
 
+Execution cpu_execution() {
+  Execution e;
+  e.backend = "cpu";
+  e.communicator = "threads (rank-order sums in f32, rounded once)";
+  e.make_backend = [](int) { return make_cpu_backend(); };
+  e.launch_group = [](int world, const std::function<void(Communicator&)>& body) {
+    run_thread_group(world, body);
+  };
+  return e;
+}
+
 void check_case(const SuiteCase& c, const RunConfig& config) {
+  // Construction only: the CPU backend is enough to build every layer (no GPU work).
   std::unique_ptr<Backend> backend = make_cpu_backend();
   nlohmann::json unsharded = c.options;
   unsharded["sequence_parallel"] = false;
@@ -164,18 +192,21 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   nlohmann::json unsharded = c.options;
   unsharded["sequence_parallel"] = false;
   Layouts layouts;
-  RankResult single = run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.seed, &layouts);
+  const Execution& ex = config.execution;
+  RankResult single =
+      run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.seed, ex, &layouts);
 
   nlohmann::json truth_options = unsharded;
   truth_options["params_dtype"] = "f64";
-  RankResult truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, nullptr);
+  RankResult truth =
+      run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, ex, nullptr);
 
   std::vector<RankResult> ranks(config.tp);
   Layouts sharded_layouts;
-  run_thread_group(config.tp, [&](Communicator& comm) {
+  ex.launch_group(config.tp, [&](Communicator& comm) {
     Layouts* mine = comm.rank() == 0 ? &sharded_layouts : nullptr;
     ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
-                                  config.seed, comm, mine);
+                                  config.seed, ex, comm, mine);
   });
 
   TPCHECK_CHECK(sharded_layouts.param_names == layouts.param_names,
@@ -209,7 +240,8 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
         truth.gradients[i]);
   }
   run.single_gemms = std::move(single.gemms);
-  run.sharded_gemms = std::move(ranks[0].gemms);
+  run.sharded_gemms = ranks[0].gemms;
+  for (RankResult& r : ranks) run.sharded_gemms_by_rank.push_back(std::move(r.gemms));
   run.truth_gemms = std::move(truth.gemms);
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return run;

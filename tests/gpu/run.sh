@@ -1,45 +1,80 @@
 #!/usr/bin/env bash
-# GPU machine smoke run: the tpcheck program built here (Debian 12, nvcc 13) run on the
-# lent H200 machine, whose image has CUDA but not the Debian C++ libraries tpcheck links.
+# The GPU machine's script: runs the GPU tests, the suite on the CUDA backend and the GPU
+# benchmarks with the binaries tests/gpu/pack.sh put in .devrun/, writes every log under
+# $OUT and prints a short table last.
 #
-# Here, before the device call (see tests/gpu/README.md):
-#   tests/gpu/pack.sh                  # copies build/tpcheck (stripped) + its .so files to .devrun/
-# On the device machine (device tool, carry [".devrun"]):
-#   NCCL_NVLS_ENABLE=0 bash tests/gpu/run.sh
-# Writes logs and JSON reports under $OUT and prints a short table last.
+# Here:   cmake --build build && tests/gpu/pack.sh build
+# There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
+# Stages (default: all): info tests suite mutations bench. NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/tpcheck-gpu}"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/.devrun${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-bin="$PWD/.devrun/tpcheck"
+export LD_LIBRARY_PATH="$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin="$root/.devrun/tpcheck"
+stages="${*:-info tests suite mutations bench}"
+table="$out/table.md"
+echo "| what | result | seconds |" >"$table"
+echo "|---|---|---|" >>"$table"
 
-{
-  echo "== machine"; uname -a; nproc; nvidia-smi -L 2>&1
-  echo "== C++ libraries on this image (tpcheck builds need them)"
-  for h in fmt/format.h nlohmann/json.hpp CLI/CLI.hpp cblas.h gtest/gtest.h benchmark/benchmark.h; do
-    if [ -e "/usr/include/$h" ] || [ -e "/usr/local/include/$h" ]; then echo "present $h"; else echo "missing $h"; fi
-  done
-  command -v g++ nvcc cmake ninja 2>&1
-  echo "== ldd"; ldd "$bin"
-} > "$out/machine.txt" 2>&1
-
-declare -A seconds result
-for tp in 4 8; do
-  start=$(date +%s%N)
-  "$bin" run --tp "$tp" --quiet --json "$out/te_tp$tp.json" > "$out/te_tp$tp.log" 2>&1
+row() { echo "| $1 | $2 | $3 |" >>"$table"; }
+# timed NAME LOG CMD...: runs CMD, logs it, adds a row with its last line and time.
+timed() {
+  local name="$1" log="$2"
+  shift 2
+  local start end rc
+  start=$(date +%s.%N)
+  "$@" >"$out/$log" 2>&1
   rc=$?
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  seconds[$tp]="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
-  result[$tp]="rc=$rc $(tail -1 "$out/te_tp$tp.log")"
-done
-devices=$(python3 -c "import json;print(json.load(open('$out/te_tp4.json'))['environment']['devices'])" 2>/dev/null)
+  end=$(date +%s.%N)
+  row "$name" "rc=$rc $(tail -n 1 "$out/$log" | tr '|' '/')" "$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}')"
+}
 
-cat "$out/machine.txt"
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+if has info; then
+  {
+    uname -a; nproc; nvidia-smi 2>&1 | head -15
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+    ldd "$bin"
+  } >"$out/machine.txt" 2>&1
+  row "GPU" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" ""
+fi
+
+if has tests; then
+  for t in "$root"/.devrun/tests/*_test; do
+    [ -x "$t" ] || continue
+    name="$(basename "$t")"
+    timed "$name" "$name.log" "$t" --gtest_brief=1
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) +\]|Failure|error" "$out/$name.log" | head -40 >>"$out/failures.txt"
+  done
+fi
+
+if has suite; then
+  for tp in 1 2 4 8; do
+    timed "te suite, cuda, tp $tp emulated" "te_cuda_tp$tp.log" \
+      "$bin" run --backend cuda --tp "$tp" --quiet --json "$out/te_cuda_tp$tp.json"
+  done
+  timed "te suite, cuda, tp 4, seq 32 x batch 32" "te_cuda_tp4_1024.log" \
+    "$bin" run --backend cuda --tp 4 --seq 32 --batch 32 --quiet --json "$out/te_cuda_tp4_1024.json"
+fi
+
+if has mutations; then
+  for tp in 2 4 8; do
+    for m in $("$bin" mutations | awk '{print $1}'); do
+      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --tp "$tp" --quiet --mutate "$m"
+    done
+  done
+fi
+
+if has bench; then
+  for b in "$root"/.devrun/bench/*; do
+    [ -x "$b" ] || continue
+    timed "bench $(basename "$b")" "bench_$(basename "$b").log" "$b"
+  done
+fi
+
+cat "$out/failures.txt" 2>/dev/null | grep -v PASSED | head -30
 echo
-echo "| what | result |"
-echo "|---|---|"
-echo "| devices seen by tpcheck | ${devices:-?} |"
-for tp in 4 8; do
-  echo "| te suite, CPU backend, tp $tp ($(nproc) cores) | ${result[$tp]}, ${seconds[$tp]} s |"
-done
+cat "$table"

@@ -13,6 +13,8 @@
 namespace tpcheck::cuda {
 
 [[noreturn]] void fail_cuda(cudaError_t status, const char* call, const char* file, int line);
+// "CUBLAS_STATUS_NOT_SUPPORTED" (cuBLASLt alone has no name function; libcublas does).
+const char* cublas_status_name(cublasStatus_t status);
 [[noreturn]] void fail_cublas(cublasStatus_t status, const char* call, const char* file, int line);
 
 }  // namespace tpcheck::cuda

@@ -1,0 +1,408 @@
+// gemm.cu — CudaBackend::run_gemm: the cuBLASLt engine behind Backend::gemm (which has
+// already validated, chosen the math class and canonicalized to column-major).
+//
+// As the reference library calls cuBLASLt:
+//   * types: A/B/C/D in the storage dtypes (f64 64F, f32 32F, f16 16F, bf16 16BF); an
+//     f32 operand next to a 16-bit one is cast to the 16-bit type first (cuBLASLt takes
+//     one input type; the CPU class rule rounds it there too);
+//   * compute: f64 → CUBLAS_COMPUTE_64F; f32 → CUBLAS_COMPUTE_32F_FAST_TF32 when the
+//     class asked for is tf32 (`--tf32 on`, the default), CUBLAS_COMPUTE_32F when fp32;
+//     f16/bf16 → CUBLAS_COMPUTE_32F (fp32 accumulation); scale type 32F (64F for f64);
+//   * epilogues: BIAS, GELU_AUX(_BIAS) (aux = the pre-activation, in D's type), DGELU;
+//     beta = 1 with C = D when accumulating;
+//   * a 32 MiB workspace, minimum-alignment preferences from the pointers (the largest
+//     power of two ≤ 256 dividing each address), CUBLASLT_MATMUL_PREF_IMPL_MASK from
+//     `--gemm-impl`, and the heuristic's first result.
+// Each call fills the record's cuBLASLt part: the algorithm's configuration (id, tile,
+// stages, split-K, reduction scheme, swizzle, custom option, cluster shape), workspace,
+// alignments and its numerical implementation flags decoded into words; the record's math
+// class becomes the class those flags say ran (an f32 GEMM with TF32 allowed may still run
+// a full-FP32 FMA kernel: the effect tpcheck exists for).
+// f64 with gelu or dgelu: cuBLASLt's f64 GELU epilogue was measured 2e-11 (gelu) to 3e-10
+// (dgelu) relative from the exact tanh form on an H200 (2026-11-30): too coarse for the
+// truth run, so f64 applies gelu / dgelu in its own f64 kernel after the GEMM (with the
+// bias still in cuBLASLt's epilogue): the same math, computed exactly.
+// Heuristic results are cached per problem description (the heuristic is a pure function
+// of it), so repeated shapes cost one query.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_runtime.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+namespace {
+
+struct NamedValue {
+  int value;
+  const char* name;
+};
+#include "backend/cuda/cublaslt_names.inc"
+
+template <std::size_t N>
+std::string name_of(const NamedValue (&table)[N], int value, const char* what) {
+  for (const NamedValue& v : table) {
+    if (v.value == value) return v.name;
+  }
+  return TPCHECK_FORMAT("{}_{}", what, value);
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF64: return CUDA_R_64F;
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: break;
+  }
+  TPCHECK_CHECK_INPUT(false, "cuBLASLt GEMM: dtype {} is not supported here (expected f64, f32, "
+                      "f16 or bf16; fp8 GEMMs belong to the quantized recipes)", dtype_name(t));
+  return CUDA_R_32F;
+}
+
+const char* compute_type_name(cublasComputeType_t c) {
+  switch (c) {
+    case CUBLAS_COMPUTE_64F: return "64F";
+    case CUBLAS_COMPUTE_32F: return "32F";
+    case CUBLAS_COMPUTE_32F_FAST_TF32: return "32F_FAST_TF32";
+    case CUBLAS_COMPUTE_32F_FAST_16F: return "32F_FAST_16F";
+    case CUBLAS_COMPUTE_32F_FAST_16BF: return "32F_FAST_16BF";
+    default: return "other";
+  }
+}
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    default: return "other";
+  }
+}
+
+// The largest power of two ≤ 256 that divides the address (what cuBLASLt may assume).
+std::uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+std::uint64_t impl_mask_bits(GemmImplMask m) {
+  switch (m) {
+    case GemmImplMask::kAny: return ~std::uint64_t{0};
+    case GemmImplMask::kTensorCore:
+      // Every tensor-core op type, with any accumulator and input.
+      return ~std::uint64_t{0} & ~std::uint64_t{CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA};
+    case GemmImplMask::kFma:
+      return ~std::uint64_t{CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK};
+  }
+  return ~std::uint64_t{0};
+}
+
+// "HMMA, input TF32, accumulator 32F" from CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS.
+std::string decode_impl_flags(std::uint64_t f) {
+  std::string op = (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA)    ? "FMA"
+                   : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA) ? "HMMA"
+                   : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_IMMA) ? "IMMA"
+                   : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_DMMA) ? "DMMA"
+                                                              : "op?";
+  const char* input = (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16F)       ? "16F"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF)    ? "16BF"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32)    ? "TF32"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_32F)     ? "32F"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_64F)     ? "64F"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E4M3) ? "8F_E4M3"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E5M2) ? "8F_E5M2"
+                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8I)      ? "8I"
+                                                                          : "?";
+  const char* acc = (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_16F)   ? "16F"
+                    : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F) ? "32F"
+                    : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_64F) ? "64F"
+                    : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32I) ? "32I"
+                                                                          : "?";
+  std::string words = TPCHECK_FORMAT("{}, input {}, accumulator {}", op, input, acc);
+  if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_GAUSSIAN) words += ", gaussian (3M)";
+  return words;
+}
+
+// The class the algorithm's flags say ran. The flags do not reliably tell bf16 from f16
+// (an H200 bf16 algorithm was seen reporting INPUT_16F), so 16-bit inputs take the
+// class of the operand dtype.
+MathClass class_from_flags(std::uint64_t f, MathClass asked) {
+  if (asked == MathClass::kBf16 || asked == MathClass::kFp16) return asked;
+  if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_64F) return MathClass::kFp64;
+  if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32) return MathClass::kTf32;
+  if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_32F) return MathClass::kFp32;
+  return asked;
+}
+
+// RAII for the cuBLASLt descriptors of one call.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (y) cublasLtMatrixLayoutDestroy(y);
+    if (x) cublasLtMatrixLayoutDestroy(x);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <typename T>
+void set_op(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+void make_layout(cublasLtMatrixLayout_t* out, cudaDataType_t type, std::int64_t rows,
+                 std::int64_t cols, std::int64_t ld, std::int64_t batch, std::int64_t stride) {
+  TPCHECK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(out, type, static_cast<std::uint64_t>(rows),
+                                                  static_cast<std::uint64_t>(cols), ld));
+  if (batch > 1) {
+    const std::int32_t count = static_cast<std::int32_t>(batch);
+    TPCHECK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        *out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    TPCHECK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        *out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+}
+
+template <typename T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  std::size_t written = 0;
+  TPCHECK_CUBLAS_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
+  return value;
+}
+
+// gelu (tanh form) and its derivative in f64, as the CPU's cpu::gelu_tanh.
+__device__ void gelu_tanh_f64(double x, double* value, double* grad) {
+  const double c = 0.79788456080286535588;  // sqrt(2/pi)
+  const double t = tanh(c * (x + 0.044715 * x * x * x));
+  const double du = c * (1.0 + 3 * 0.044715 * x * x);
+  *value = 0.5 * x * (1.0 + t);
+  *grad = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+}
+
+// d holds P (+ bias). kGelu: aux = d, d = gelu(d). kDgelu: d = d · gelu'(aux).
+__global__ void gelu_epilogue_f64(double* d, double* aux, long long n, bool backward) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    double value, grad;
+    if (backward) {
+      gelu_tanh_f64(aux[i], &value, &grad);
+      d[i] *= grad;
+    } else {
+      aux[i] = d[i];
+      gelu_tanh_f64(d[i], &value, &grad);
+      d[i] = value;
+    }
+  }
+}
+
+}  // namespace
+
+// Friend of CudaBackend: the engine's steps, with access to the handle and the cache.
+struct CudaGemmEngine {
+  static void run(CudaBackend& be, const GemmProblem& p, GemmRecord& record) {
+    const GemmProblem::ColumnMajor& g = p.col;
+    if (g.m == 0 || g.n == 0) return;  // nothing to write
+
+    // One input type: a 16-bit operand decides (the class rule's reading of mixed pairs).
+    DType in_type = g.x->dtype();
+    if (g.y->dtype() != in_type) {
+      in_type = (g.x->dtype() == DType::kF32) ? g.y->dtype() : g.x->dtype();
+    }
+    const Tensor x = g.x->dtype() == in_type ? *g.x : g.x->to(in_type);
+    const Tensor y = g.y->dtype() == in_type ? *g.y : g.y->to(in_type);
+    Tensor& d = *p.c;
+
+    const bool f64 = in_type == DType::kF64;
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+    if (f64) {
+      compute = CUBLAS_COMPUTE_64F;
+    } else if (in_type == DType::kF32 && p.math_class == MathClass::kTf32) {
+      compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    }
+    TPCHECK_CHECK_INPUT(f64 == (d.dtype() == DType::kF64),
+                        "GEMM '{}': {} inputs with a {} output are not a cuBLASLt combination "
+                        "(f64 goes with f64 only)",
+                        p.site, dtype_name(in_type), dtype_name(d.dtype()));
+    const cudaDataType_t scale_type = f64 ? CUDA_R_64F : CUDA_R_32F;
+
+    // The epilogue; the bias in D's type (cuBLASLt's default bias type).
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    Tensor bias;
+    if (p.epilogue.bias != nullptr) {
+      bias = p.epilogue.bias->dtype() == d.dtype() ? *p.epilogue.bias
+                                                   : p.epilogue.bias->to(d.dtype());
+    }
+    // f64: the activation in our own exact kernel (see the file comment).
+    const bool f64_activation = f64 && p.epilogue.activation != GemmEpilogue::Activation::kNone;
+    TPCHECK_CHECK_INPUT(!(f64_activation && p.accumulate),
+                        "GEMM '{}': an activation epilogue with accumulate is not supported",
+                        p.site);
+    switch (f64_activation ? GemmEpilogue::Activation::kNone : p.epilogue.activation) {
+      case GemmEpilogue::Activation::kNone:
+        epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        break;
+      case GemmEpilogue::Activation::kGelu:
+        epilogue = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        break;
+      case GemmEpilogue::Activation::kDgelu:
+        TPCHECK_CHECK_INPUT(!bias.defined(),
+                            "GEMM '{}': a dgelu epilogue with a bias is not a cuBLASLt epilogue",
+                            p.site);
+        epilogue = CUBLASLT_EPILOGUE_DGELU;
+        break;
+    }
+
+    Descriptors desc;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, compute, scale_type));
+    const cublasOperation_t tx = g.trans_x ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t ty = g.trans_y ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, tx);
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, ty);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+      if (bias.defined()) {
+        const void* bias_ptr = bias.raw();
+        set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
+        set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(bias.dtype()));
+      }
+      if (epilogue != CUBLASLT_EPILOGUE_BIAS) {
+        void* aux_ptr = p.epilogue.aux->raw();
+        const std::int64_t aux_ld = g.m;
+        set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
+        set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
+        set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+               cuda_type(p.epilogue.aux->dtype()));
+      }
+    }
+
+    // Stored (pre-transpose) shapes of the column-major operands.
+    const std::int64_t x_rows = g.trans_x ? g.k : g.m, x_cols = g.trans_x ? g.m : g.k;
+    const std::int64_t y_rows = g.trans_y ? g.n : g.k, y_cols = g.trans_y ? g.k : g.n;
+    make_layout(&desc.x, cuda_type(in_type), x_rows, x_cols, g.ldx, p.batch, g.stride_x);
+    make_layout(&desc.y, cuda_type(in_type), y_rows, y_cols, g.ldy, p.batch, g.stride_y);
+    make_layout(&desc.d, cuda_type(d.dtype()), g.m, g.n, g.ldd, p.batch, g.stride_d);
+
+    const std::uint32_t align_x = alignment_of(x.raw()), align_y = alignment_of(y.raw());
+    const std::uint32_t align_d = alignment_of(d.raw());
+    const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
+    const std::uint64_t workspace_limit = be.options_.workspace_bytes;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+    auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& v) {
+      TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &v, sizeof(v)));
+    };
+    set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_limit);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_x);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_y);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+    set_pref(CUBLASLT_MATMUL_PREF_IMPL_MASK, mask);
+
+    const std::string key = TPCHECK_FORMAT(
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(compute),
+        static_cast<int>(cuda_type(in_type)), static_cast<int>(cuda_type(d.dtype())),
+        static_cast<int>(epilogue), g.trans_x, g.trans_y, g.m, g.n, g.k, g.ldx, g.ldy, g.ldd,
+        p.batch, align_x, align_y, align_d, mask,
+        bias.defined() ? static_cast<int>(bias.dtype()) : -1, p.accumulate);
+    auto it = be.algo_cache_.find(key);
+    if (it == be.algo_cache_.end()) {
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+          be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
+      TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
+                          "GEMM '{}' (m={} n={} k={}, {} inputs, compute {}, epilogue {}): "
+                          "cuBLASLt has no algorithm under --gemm-impl {} ({}); try "
+                          "--gemm-impl any",
+                          p.site, p.m, p.n, p.k, dtype_name(in_type), compute_type_name(compute),
+                          epilogue_name(epilogue), gemm_impl_mask_name(be.options_.impl_mask),
+                          status == CUBLAS_STATUS_SUCCESS ? "no result"
+                                                          : cuda::cublas_status_name(status));
+      it = be.algo_cache_
+               .emplace(key, CudaBackend::CachedAlgo{result.algo, result.workspaceSize,
+                                                     result.wavesCount})
+               .first;
+    }
+    const CudaBackend::CachedAlgo& chosen = it->second;
+
+    const double alpha64 = p.alpha, beta64 = p.accumulate ? 1.0 : 0.0;
+    const float alpha32 = static_cast<float>(p.alpha), beta32 = static_cast<float>(beta64);
+    const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
+    const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, alpha, x.raw(), desc.x, y.raw(), desc.y,
+                                        beta, d.raw(), desc.d, d.raw(), desc.d, &chosen.algo,
+                                        be.workspace_, be.options_.workspace_bytes, be.stream_));
+    if (f64_activation) {
+      const long long count = g.m * g.n * p.batch;
+      gelu_epilogue_f64<<<cuda::grid_for(count), 256, 0, be.stream_>>>(
+          static_cast<double*>(d.raw()), static_cast<double*>(p.epilogue.aux->raw()), count,
+          p.epilogue.activation == GemmEpilogue::Activation::kDgelu);
+      TPCHECK_LAUNCH_CHECK();
+    }
+
+    // What ran.
+    CublasLtAlgoRecord lt;
+    lt.compute_type = compute_type_name(compute);
+    lt.scale_type = f64 ? "64F" : "32F";
+    lt.epilogue = epilogue_name(epilogue);
+    if (f64_activation) lt.epilogue += p.epilogue.activation == GemmEpilogue::Activation::kGelu
+                                           ? " + f64 gelu kernel (aux)"
+                                           : " + f64 dgelu kernel";
+    lt.algo_id = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_ID);
+    lt.tile = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+    lt.tile_name = name_of(kTileNames, lt.tile, "TILE");
+    lt.stages = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
+    lt.stages_name = name_of(kStagesNames, lt.stages, "STAGES");
+    lt.split_k = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    if (lt.split_k == 0) lt.split_k = 1;
+    lt.reduction_scheme = static_cast<int>(
+        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+    lt.reduction_scheme_name = name_of(kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
+    lt.cta_swizzling = static_cast<int>(
+        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+    lt.custom_option = static_cast<int>(
+        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
+    lt.cluster_shape = static_cast<int>(
+        algo_config<std::uint16_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+    lt.cluster_shape_name = name_of(kClusterShapeNames, lt.cluster_shape, "CLUSTER");
+    std::uint64_t flags = 0;
+    std::size_t written = 0;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
+        &chosen.algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &flags, sizeof(flags), &written));
+    lt.numerical_impl_flags = flags;
+    lt.numerical_impl = decode_impl_flags(flags);
+    lt.workspace_bytes = chosen.workspace;
+    lt.workspace_limit = workspace_limit;
+    lt.alignment_a = align_x;  // cuBLASLt's A is the caller's B (column-major form)
+    lt.alignment_b = align_y;
+    lt.alignment_c = align_d;
+    lt.alignment_d = align_d;
+    lt.waves_count = chosen.waves;
+    lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
+    record.math_class = class_from_flags(flags, p.math_class);
+    record.implementation = TPCHECK_FORMAT("cublasLt algo {} {} {} splitK {}: {}", lt.algo_id,
+                                           lt.tile_name, lt.stages_name, lt.split_k,
+                                           lt.numerical_impl);
+    record.cublaslt = std::move(lt);
+  }
+};
+
+void CudaBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
+  CudaGemmEngine::run(*this, p, record);
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,104 @@
+// execution.cpp — see execution.h.
+#include "cli/execution.h"
+
+#include "tpcheck/cuda_backend.h"
+#include "tpcheck/cuda_comm.h"
+#include "tpcheck/device.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+namespace {
+
+bool parse_on_off(const std::string& flag, const std::string& value) {
+  if (value == "on") return true;
+  if (value == "off") return false;
+  TPCHECK_CHECK_INPUT(false, "{} '{}': expected on or off", flag, value);
+  return false;
+}
+
+}  // namespace
+
+ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const GemmClassRule& cpu_rule,
+                                    bool cpu_gemm_given, RunSettings& settings) {
+  TPCHECK_CHECK_INPUT(args.backend == "auto" || args.backend == "cpu" || args.backend == "cuda",
+                      "unknown --backend '{}'; expected auto, cpu or cuda", args.backend);
+  const bool tf32 = parse_on_off("--tf32", args.tf32);
+  const GemmImplMask impl = parse_gemm_impl_mask(args.gemm_impl);
+  TPCHECK_CHECK_INPUT(args.comm == "auto" || args.comm == "emulated" || args.comm == "nccl",
+                      "unknown --comm '{}'; expected auto, emulated or nccl", args.comm);
+  const CommOrder order = parse_comm_order(args.comm_order);
+
+  const DeviceInfo devices = query_devices();
+  std::string backend = args.backend;
+  if (backend == "auto") {
+    backend = devices.cuda_devices > 0 ? "cuda" : "cpu";
+    if (backend == "cpu") {
+      settings.notes.push_back(TPCHECK_FORMAT("no GPU ({}): running on the CPU backend",
+                                              devices.description));
+    }
+  }
+  settings.backend = backend;
+  ResolvedExecution out;
+  if (backend == "cpu") {
+    out.execution = cpu_execution();
+    out.gemm_rule = cpu_rule;
+    settings.environment["communicator"] = out.execution.communicator;
+    return out;
+  }
+
+  TPCHECK_CHECK_INPUT(!cpu_gemm_given,
+                      "--cpu-gemm applies to --backend cpu; on the GPU cuBLASLt chooses (use "
+                      "--tf32 on|off and --gemm-impl any|tensor-core|fma)");
+  TPCHECK_CHECK_INPUT(devices.cuda_devices > 0,
+                      "--backend cuda: no usable GPU ({}); run on a machine with an NVIDIA GPU, "
+                      "or use --backend cpu",
+                      devices.description);
+  CudaBackendOptions options;
+  options.allow_tf32 = tf32;
+  options.impl_mask = impl;
+  const bool nccl = args.comm == "nccl" || (args.comm == "auto" && tp > 1 && devices.cuda_devices >= tp);
+  TPCHECK_CHECK_INPUT(!(args.comm == "nccl" && devices.cuda_devices < tp),
+                      "--comm nccl at --tp {} needs {} GPUs, this machine has {} (NCCL refuses two "
+                      "ranks on one GPU); use --comm emulated",
+                      tp, tp, devices.cuda_devices);
+  Execution& e = out.execution;
+  e.backend = "cuda";
+  if (nccl) {
+    e.communicator = "nccl (one thread per GPU)";
+    e.make_backend = [options](int rank) {
+      CudaBackendOptions o = options;
+      o.device = rank;
+      return make_cuda_backend(o);
+    };
+    e.launch_group = [](int world, const std::function<void(Communicator&)>& body) {
+      run_nccl_group(world, body);
+    };
+  } else {
+    e.communicator = TPCHECK_FORMAT("emulated on GPU 0 ({})", comm_order_name(order));
+    e.make_backend = [options](int) { return make_cuda_backend(options); };
+    e.launch_group = [order](int world, const std::function<void(Communicator&)>& body) {
+      DeviceGroupOptions group;
+      group.order = order;
+      run_device_group(world, body, group);
+    };
+    if (tp > 1) {
+      settings.notes.push_back(TPCHECK_FORMAT(
+          "{} ranks emulated on one GPU: sharded shapes as on {} GPUs, collectives in {} order",
+          tp, tp, comm_order_name(order)));
+    }
+  }
+  // The class asked of f32 GEMMs; what ran is in each GEMM record.
+  out.gemm_rule.f32_class = tf32 ? MathClass::kTf32 : MathClass::kFp32;
+  settings.cpu_gemm = tf32 ? "tf32 on" : "tf32 off";
+  settings.environment["gpu"] = devices.description;
+  settings.environment["gpu_count"] = devices.cuda_devices;
+  settings.environment["cuda_versions"] = cuda_versions();
+  settings.environment["tf32"] = tf32;
+  settings.environment["gemm_impl"] = std::string(gemm_impl_mask_name(impl));
+  settings.environment["workspace_bytes"] = options.workspace_bytes;
+  settings.environment["communicator"] = e.communicator;
+  settings.environment["comm_order"] = nccl ? "nccl" : std::string(comm_order_name(order));
+  return out;
+}
+
+}  // namespace tpcheck

@@ -1,0 +1,31 @@
+// execution.h — from the command line's backend options to an Execution (which backend
+// each rank gets, how the sharded ranks are launched) and the environment it reports.
+// Thread safety: call from the main thread before any case runs.
+#pragma once
+
+#include <string>
+
+#include "tpcheck/report.h"
+#include "tpcheck/suite.h"
+
+namespace tpcheck {
+
+struct ExecutionArgs {
+  std::string backend = "auto";     // auto | cpu | cuda
+  std::string tf32 = "on";          // cuda, f32 GEMMs: on | off
+  std::string gemm_impl = "any";    // cuda: any | tensor-core | fma
+  std::string comm = "auto";        // cuda: auto | emulated | nccl
+  std::string comm_order = "nccl-ring";  // cuda emulated: nccl-ring | rank
+};
+
+// Validates the options (Error(kInput) naming the bad value), resolves `auto`, and fills
+// the run's Execution, GEMM class rule, and settings (backend name, notes, environment).
+// `cpu_gemm_given`: --cpu-gemm was on the command line (an input error with cuda).
+struct ResolvedExecution {
+  Execution execution;
+  GemmClassRule gemm_rule;
+};
+ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const GemmClassRule& cpu_rule,
+                                    bool cpu_gemm_given, RunSettings& settings);
+
+}  // namespace tpcheck
