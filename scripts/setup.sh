@@ -12,6 +12,7 @@ apt_packages=(
   libopenblas-dev      # CPU GEMMs (sgemm / dgemm)
   libgtest-dev libgmock-dev  # unit tests
   libbenchmark-dev     # bench/ programs
+  clang libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for scripts/fuzz.sh (fuzz/)
   python3 python3-pip python3-venv
 )
 missing=()

@@ -306,4 +306,28 @@ int cpu_gemm_threads();
 // The CPU GEMM library and its build ("OpenBLAS 0.3.21 ..."), for reports.
 std::string cpu_gemm_library();
 
+namespace cpu {
+struct RoundingProbeState;
+}
+
+// A rounding probe (Monte-Carlo arithmetic) for the truth policy's cancellation floor
+// (docs/POLICIES.md): while one lives on this thread, the CPU backend multiplies every
+// f64 value an op stores by (1 + u·r), r uniform in [-1, 1) from a fixed stream keyed by
+// `seed`. An f64 run under the probe, minus the plain f64 run, divided by u, is to first
+// order the error that one rounding of every stored intermediate causes — it follows the
+// size of what was summed, so it stays non-zero where the result cancels to zero (the
+// attention key-bias gradient). Only f64 stores are perturbed; collectives are not.
+// REQUIRES: 0 < u < 1; no other probe alive on this thread (probes do not nest).
+// Thread safety: affects the constructing thread only.
+class ScopedRoundingProbe {
+ public:
+  ScopedRoundingProbe(double u, std::uint64_t seed);
+  ~ScopedRoundingProbe();
+  ScopedRoundingProbe(const ScopedRoundingProbe&) = delete;
+  ScopedRoundingProbe& operator=(const ScopedRoundingProbe&) = delete;
+
+ private:
+  std::unique_ptr<cpu::RoundingProbeState> state_;
+};
+
 }  // namespace tpcheck

@@ -87,25 +87,43 @@ struct TensorComparison {
   double truth_max_abs = 0;  // max |truth_i|
   TruthError single_vs_truth;
   TruthError sharded_vs_truth;
+
+  // ---- the rounding probe (when one was given) ----
+  // Statistics of the probe's noise tensor n (f64): n_i is what one rounding of every
+  // stored intermediate moves element i by, per unit roundoff (ScopedRoundingProbe). It
+  // follows the size of what was summed, so it stays non-zero where the truth cancels to
+  // (nearly) zero.
+  bool has_rounding_noise = false;
+  double rounding_noise_rms = 0;      // sqrt(mean n_i²)
+  double rounding_noise_max_abs = 0;  // max |n_i|
 };
 
-// Measures `sharded` against `single` (and both against `truth` when not null).
-// REQUIRES (Error(kInput) otherwise): same shape for all; truth, when given, of dtype f64.
+// Measures `sharded` against `single` (and both against `truth` when not null; the
+// rounding probe's noise tensor when `rounding_noise` is not null).
+// REQUIRES (Error(kInput) otherwise): same shape for all; truth and rounding_noise, when
+// given, of dtype f64; rounding_noise only together with truth.
 TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, const Tensor* truth,
-                                 const CompareOptions& options = {});
+                                 const CompareOptions& options = {},
+                                 const Tensor* rounding_noise = nullptr);
 
 enum class PolicyKind { kTe, kAllclose, kTruth, kBitwise };
 
 // Parameters of the `truth` policy. Sharded passes when, against the fp64 truth,
-//   sharded.rms     <= m · sqrt(N) · single.rms     + f · u · sqrt(K) · truth_rms      and
-//   sharded.max_abs <= m · sqrt(N) · single.max_abs + f · u · sqrt(K) · truth_max_abs,
-// with m = multiplier, f = floor_factor, N the TP size. The error model:
+//   sharded.rms     <= m · sqrt(N) · single.rms     + f · u · sqrt(K) · (truth_rms + noise_rms)
+//   sharded.max_abs <= m · sqrt(N) · single.max_abs + f · u · sqrt(K) · (truth_max_abs
+//                                                                       + noise_max_abs),
+// with m = multiplier, f = floor_factor, N the TP size, noise the rounding probe's
+// statistics (0 without a probe). The error model:
 //   * u is the unit roundoff of the arithmetic that produced the tensor: the larger of
 //     the storage dtype's and the coarsest GEMM class's (2^-24 for fp32 GEMMs, 2^-11 for
 //     TF32 inputs); K is the longest GEMM reduction of the case. A length-K dot product
 //     whose rounding errors have random signs has a relative error of about u·sqrt(K):
 //     the floor, so a sharded error still at rounding level for the longest reduction
 //     passes even when the single run happened to be more accurate.
+//   * noise: the floor term sqrt(K)·|truth| scales with the result, so it vanishes where
+//     a sum cancels to zero in exact arithmetic (the attention key-bias gradient: softmax
+//     ignores a shift) although the rounding errors scale with the summed terms. The
+//     probe measures those: one rounding of every stored intermediate, propagated.
 //   * sqrt(N): where the single run rounds a reduction once, the sharded run rounds N
 //     partial results to the storage dtype before summing them across ranks (a column-
 //     parallel dgrad, a sequence-parallel norm-weight gradient); independent rounding

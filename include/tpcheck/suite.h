@@ -84,10 +84,13 @@ struct RunConfig {
 
 // One compared tensor, global shape, in each run.
 struct ComparedTensor {
-  std::string name;      // "output", "bias", "layernorm_output", or a parameter name
-  std::string kind;      // "output" or "gradient"
-  int index = 0;         // the reference suite's index: position among the parameters
+  std::string name;  // "output", "bias", "layernorm_output", "input", or a parameter name
+  std::string kind;  // "output", "gradient" (a parameter's) or "input_gradient"
+  int index = 0;     // the reference suite's index: position among the parameters (-1: none)
   Tensor single, sharded, truth;
+  // (truth run under a ScopedRoundingProbe − truth) / probe u, f64: what one rounding of
+  // every stored intermediate moves this tensor by, per unit roundoff.
+  Tensor rounding_noise;
 };
 
 struct CaseRun {

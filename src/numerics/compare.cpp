@@ -38,13 +38,21 @@ std::optional<Tolerance> reference_tolerance(DType dtype) {
 }
 
 TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, const Tensor* truth,
-                                 const CompareOptions& options) {
+                                 const CompareOptions& options, const Tensor* rounding_noise) {
   TPCHECK_CHECK_INPUT(sharded.defined() && single.defined(),
                       "compare_tensors: sharded ({}) and single ({}) must both be defined",
                       sharded.describe(), single.describe());
   TPCHECK_CHECK_INPUT(sharded.shape() == single.shape(),
                       "compare_tensors: sharded {} and single {} must have the same shape",
                       sharded.describe(), single.describe());
+  if (rounding_noise != nullptr) {
+    TPCHECK_CHECK_INPUT(truth != nullptr && rounding_noise->defined() &&
+                            rounding_noise->dtype() == DType::kF64 &&
+                            rounding_noise->shape() == single.shape(),
+                        "compare_tensors: rounding noise {} must be f64 with the shape of single {} "
+                        "and come with a truth",
+                        rounding_noise->describe(), single.describe());
+  }
   if (truth != nullptr) {
     TPCHECK_CHECK_INPUT(
         truth->defined() && truth->dtype() == DType::kF64 && truth->shape() == single.shape(),
@@ -148,6 +156,16 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
       c.single_vs_truth.rms = std::sqrt(sq_single_err / n);
       c.sharded_vs_truth.rms = std::sqrt(sq_sharded_err / n);
     }
+  }
+  if (rounding_noise != nullptr && c.numel > 0) {
+    c.has_rounding_noise = true;
+    const std::vector<double> noise = rounding_noise->to_f64();
+    double sq = 0;
+    for (double v : noise) {
+      sq += v * v;
+      c.rounding_noise_max_abs = std::max(c.rounding_noise_max_abs, std::fabs(v));
+    }
+    c.rounding_noise_rms = std::sqrt(sq / static_cast<double>(c.numel));
   }
   return c;
 }

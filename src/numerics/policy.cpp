@@ -77,8 +77,10 @@ Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
   const double k = static_cast<double>(std::max<std::int64_t>(p.reduction_length, 1));
   const double scale = p.floor_factor * u * std::sqrt(k);
   const double multiplier = p.multiplier * std::sqrt(static_cast<double>(std::max(p.tp_size, 1)));
-  const double floor_max = scale * c.truth_max_abs;
-  const double floor_rms = scale * c.truth_rms;
+  // The floor follows the result (|truth|) and what was summed (the probe's noise, which
+  // stays non-zero where the result cancels to zero).
+  const double floor_max = scale * (c.truth_max_abs + c.rounding_noise_max_abs);
+  const double floor_rms = scale * (c.truth_rms + c.rounding_noise_rms);
   const double limit_max = multiplier * c.single_vs_truth.max_abs + floor_max;
   const double limit_rms = multiplier * c.single_vs_truth.rms + floor_rms;
   const bool max_ok = c.sharded_vs_truth.max_abs <= limit_max;

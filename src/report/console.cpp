@@ -55,7 +55,9 @@ void print_case(std::ostream& out, const CaseResult& result, const RunSettings& 
     if (settings.policies[p].kind != PolicyKind::kTe) continue;
     for (const TensorResult& t : result.tensors) {
       if (t.verdicts[p].passed() || !t.comparison.has_tolerance || t.comparison.numel == 0) continue;
-      const std::string label = t.kind == "gradient" ? std::to_string(t.index) : "outputs";
+      const std::string label = t.kind == "gradient"         ? std::to_string(t.index)
+                                : t.kind == "input_gradient" ? "input"
+                                                             : "outputs";
       fmt::print(out, "     {}  [{}]\n", format_te_failure(label, t.comparison), t.name);
     }
   }

@@ -43,6 +43,10 @@ json comparison_json(const TensorComparison& c) {
                   {"max_abs", number(c.truth_max_abs)},
                   {"single_error", truth_error_json(c.single_vs_truth)},
                   {"sharded_error", truth_error_json(c.sharded_vs_truth)}};
+    if (c.has_rounding_noise) {
+      j["truth"]["rounding_noise"] = {{"rms", number(c.rounding_noise_rms)},
+                                      {"max_abs", number(c.rounding_noise_max_abs)}};
+    }
   }
   return j;
 }

@@ -55,7 +55,9 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
 
   for (const ComparedTensor& t : run.tensors) {
     TensorResult r{t.name, t.kind, t.index,
-                   compare_tensors(t.sharded, t.single, &t.truth, config.compare), {}};
+                   compare_tensors(t.sharded, t.single, &t.truth, config.compare,
+                                   t.rounding_noise.defined() ? &t.rounding_noise : nullptr),
+                   {}};
     for (const Policy& p : policies) r.verdicts.push_back(evaluate(p, r.comparison));
     result.tensors.push_back(std::move(r));
   }

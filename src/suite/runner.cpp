@@ -21,11 +21,13 @@ namespace {
 struct RankResult {
   LayerOutputs outputs;
   std::vector<Tensor> gradients;  // Parameter::gradient(), in parameters() order
+  Tensor input_gradient;          // what backward returns: dL/dinput, input_layout()
   std::vector<GemmRecord> gemms;
 };
 
 struct Layouts {
   OutputLayout outputs;
+  ShardSpec input;
   std::vector<std::string> param_names;
   std::vector<ShardSpec> param_shards;
 };
@@ -114,15 +116,16 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   OutputGrads grads{local_grad(global_grads.output, layout.output),
                     local_grad(global_grads.bias, layout.bias),
                     local_grad(global_grads.layernorm_output, layout.layernorm_output)};
-  layer->backward(grads);
+  RankResult result;
+  result.input_gradient = layer->backward(grads).to_host();
   if (layer->delays_wgrad()) layer->backward_dw();
 
-  RankResult result;
   result.outputs = to_host(local);
   for (Parameter* p : layer->parameters()) result.gradients.push_back(p->gradient().to_host());
   result.gemms = backend->ledger().records();
   if (layouts != nullptr) {
     layouts->outputs = layout;
+    layouts->input = layer->input_layout();
     for (Parameter* p : layer->parameters()) {
       layouts->param_names.push_back(p->name);
       layouts->param_shards.push_back(p->shard);
@@ -201,6 +204,28 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   RankResult truth =
       run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, ex, nullptr);
 
+  // The rounding probe: the truth run once more with every stored intermediate perturbed
+  // by a relative kProbeU (ScopedRoundingProbe); (probed − truth) / kProbeU is each
+  // tensor's sensitivity to one rounding of everything it was computed from — the truth
+  // policy's cancellation floor. kProbeU is small enough for first order and far above
+  // f64 rounding (2⁻⁵²).
+  constexpr double kProbeU = 0x1.0p-30;
+  // The probe perturbs the CPU backend's stores, so this run is on the CPU whatever the
+  // case's backend (f64 either way).
+  RankResult probed;
+  {
+    ScopedRoundingProbe probe(kProbeU, config.seed);
+    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed,
+                           cpu_execution(), nullptr);
+  }
+  auto noise_of = [kProbeU](const Tensor& p, const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    std::vector<double> n = p.to_f64();
+    const std::vector<double> tv = t.to_f64();
+    for (std::size_t i = 0; i < n.size(); ++i) n[i] = (n[i] - tv[i]) / kProbeU;
+    return Tensor::from_f64(n, t.shape(), DType::kF64);
+  };
+
   std::vector<RankResult> ranks(config.tp);
   Layouts sharded_layouts;
   ex.launch_group(config.tp, [&](Communicator& comm) {
@@ -218,26 +243,35 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
     for (const RankResult& r : ranks) shards.push_back(member(r));
     return assemble_shards(shards, spec);
   };
-  auto add = [&](std::string name, std::string kind, int index, Tensor s, Tensor sh, Tensor t) {
+  auto add = [&](std::string name, std::string kind, int index, Tensor s, Tensor sh, Tensor t,
+                 const Tensor& p) {
+    Tensor noise = noise_of(p, t);
     run.tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, std::move(s),
-                                         std::move(sh), std::move(t)});
+                                         std::move(sh), std::move(t), std::move(noise)});
   };
   const OutputLayout& out = sharded_layouts.outputs;
   add("output", "output", -1, single.outputs.output,
-      gather([](const RankResult& r) { return r.outputs.output; }, out.output), truth.outputs.output);
+      gather([](const RankResult& r) { return r.outputs.output; }, out.output), truth.outputs.output,
+      probed.outputs.output);
   if (single.outputs.bias.defined()) {
     add("bias", "output", -1, single.outputs.bias,
-        gather([](const RankResult& r) { return r.outputs.bias; }, out.bias), truth.outputs.bias);
+        gather([](const RankResult& r) { return r.outputs.bias; }, out.bias), truth.outputs.bias,
+        probed.outputs.bias);
   }
   if (single.outputs.layernorm_output.defined()) {
     add("layernorm_output", "output", -1, single.outputs.layernorm_output,
         gather([](const RankResult& r) { return r.outputs.layernorm_output; }, out.layernorm_output),
-        truth.outputs.layernorm_output);
+        truth.outputs.layernorm_output, probed.outputs.layernorm_output);
   }
+  // The gradient that flows to the previous layer: reassembled like the input
+  // (token-sharded under sequence parallel, replicated otherwise).
+  add("input", "input_gradient", -1, single.input_gradient,
+      gather([](const RankResult& r) { return r.input_gradient; }, sharded_layouts.input),
+      truth.input_gradient, probed.input_gradient);
   for (std::size_t i = 0; i < layouts.param_names.size(); ++i) {
     add(layouts.param_names[i], "gradient", static_cast<int>(i), single.gradients[i],
         gather([i](const RankResult& r) { return r.gradients[i]; }, sharded_layouts.param_shards[i]),
-        truth.gradients[i]);
+        truth.gradients[i], probed.gradients[i]);
   }
   run.single_gemms = std::move(single.gemms);
   run.sharded_gemms = ranks[0].gemms;

@@ -20,6 +20,7 @@ namespace {
 
 using testing::numeric_gradient;
 using testing::random_f64;
+using testing::checked_gradient_error;
 using testing::relative_error;
 using testing::weighted_sum;
 
@@ -154,9 +155,9 @@ TEST_P(AttentionCase, BackwardMatchesFiniteDifferences) {
   ASSERT_EQ(g.dk.shape(), in.k.shape());
   ASSERT_EQ(g.dv.shape(), in.v.shape());
   // Central differences, h = 1e-6: measured ≤ 3.7e-9 norm-wise; the bound is 1e-7.
-  EXPECT_LE(relative_error(g.dq.to_f64(), numeric_gradient(loss, in.q)), 1e-7) << "dq";
-  EXPECT_LE(relative_error(g.dk.to_f64(), numeric_gradient(loss, in.k)), 1e-7) << "dk";
-  EXPECT_LE(relative_error(g.dv.to_f64(), numeric_gradient(loss, in.v)), 1e-7) << "dv";
+  EXPECT_LE(checked_gradient_error(g.dq.to_f64(), numeric_gradient(loss, in.q)), 1e-7) << "dq";
+  EXPECT_LE(checked_gradient_error(g.dk.to_f64(), numeric_gradient(loss, in.k)), 1e-7) << "dk";
+  EXPECT_LE(checked_gradient_error(g.dv.to_f64(), numeric_gradient(loss, in.v)), 1e-7) << "dv";
 }
 
 // Changing the key and value at position `key` changes exactly the query rows that may

@@ -31,7 +31,7 @@ TEST(Bias, GradientMatchesFiniteDifferencesAndAccumulates) {
     std::vector<double> grad = dbias.to_f64();
     for (std::int64_t j = 0; j < n; ++j) grad[j] -= before[j];
     // loss is linear in bias: central differences are exact up to cancellation (measured ≤ 6e-10).
-    EXPECT_LT(testing::relative_error(grad, testing::numeric_gradient(loss, bias)), 1e-7)
+    EXPECT_LT(testing::checked_gradient_error(grad, testing::numeric_gradient(loss, bias)), 1e-7)
         << shape_str(shape);
   }
 }

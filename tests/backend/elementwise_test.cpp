@@ -28,7 +28,7 @@ TEST(MseLoss, ValueIsTheMeanSquareAndGradientMatchesFiniteDifferences) {
     const Tensor dy = backend->mse_loss_backward(y, t);
     auto loss = [&] { return backend->mse_loss(y, t); };
     // Quadratic loss: central differences are exact up to cancellation (measured ≤ 1e-9).
-    EXPECT_LT(testing::relative_error(dy.to_f64(), testing::numeric_gradient(loss, y)), 1e-7)
+    EXPECT_LT(testing::checked_gradient_error(dy.to_f64(), testing::numeric_gradient(loss, y)), 1e-7)
         << shape_str(shape);
   }
 }

@@ -86,7 +86,7 @@ void check_gradients(const typename Layer::Options& options, const Shape& x_shap
   grads.bias = wb;
   grads.layernorm_output = wl;
   const Tensor dx = layer.backward(grads, saved);
-  EXPECT_LE(relative_error(dx.to_f64(), numeric_gradient(loss, x)), tolerance) << "input x";
+  EXPECT_LE(checked_gradient_error(dx.to_f64(), numeric_gradient(loss, x)), tolerance) << "input x";
   for (Parameter* p : layer.parameters()) {
     const std::vector<double> numeric = numeric_gradient(loss, p->value);
     if (has_zero_gradient(p->name)) {
@@ -94,7 +94,7 @@ void check_gradients(const typename Layer::Options& options, const Shape& x_shap
       EXPECT_LE(norm2(numeric), kZeroGradientBound) << p->name;
       continue;
     }
-    EXPECT_LE(relative_error(p->gradient().to_f64(), numeric), tolerance) << p->name;
+    EXPECT_LE(checked_gradient_error(p->gradient().to_f64(), numeric), tolerance) << p->name;
   }
 }
 

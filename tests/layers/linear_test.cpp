@@ -90,6 +90,49 @@ Run3d run_3d(const std::string& mode, bool sp, bool save_original, int tp) {
   return {assemble_shards(y, out_spec), assemble_shards(dx, in_spec), assemble_shards(dw, w_spec)};
 }
 
+// fuse_wgrad_accumulation: the weight gradient goes to main_grad (f32, whatever the
+// params dtype), grad stays zero, and main_grad holds the gradient the unfused layer
+// puts in grad (for f16 params: the same value before its rounding to f16).
+TEST(Linear, FuseWgradAccumulationFillsMainGradOnly) {
+  for (const std::string dtype : {"f32", "f16"}) {
+    auto run = [&](bool fuse) {
+      std::unique_ptr<Communicator> comm = make_single_communicator();
+      std::unique_ptr<Backend> backend = make_cpu_backend();
+      ModuleContext ctx{backend.get(), comm.get(), kSeed, Mutation::kNone};
+      auto layer = std::make_unique<Linear>(
+          "", Linear::Options::from_json(linear_options(
+                  "none", false, {{"params_dtype", dtype}, {"fuse_wgrad_accumulation", fuse}})),
+          ctx);
+      const DType dt = parse_dtype(dtype);
+      const Tensor x = generate(FillSpec::normal(0, 1), kSeed, "x", kInput, dt);
+      Linear::Saved saved;
+      const LayerOutputs y = layer->forward(x, saved);
+      OutputGrads g;
+      g.output = generate(FillSpec::normal(0, 1), kSeed, "dy", y.output.shape(), dt);
+      layer->backward(g, saved);
+      return std::make_pair(std::move(layer), std::move(backend));
+    };
+    auto [fused, b1] = run(true);
+    auto [plain, b2] = run(false);
+    const Parameter& w = fused->weight();
+    ASSERT_TRUE(w.main_grad.defined()) << dtype;
+    EXPECT_EQ(w.main_grad.dtype(), DType::kF32) << dtype;
+    EXPECT_EQ(w.main_grad.shape(), w.value.shape());
+    for (double v : w.grad.to_f64()) ASSERT_EQ(v, 0.0) << dtype << ": grad was written";
+    EXPECT_EQ(&w.gradient(), &w.main_grad);
+    const std::vector<double> main = w.main_grad.to_f64();
+    const std::vector<double> want = plain->weight().grad.to_f64();
+    EXPECT_FALSE(plain->weight().main_grad.defined());
+    double norm = 0;
+    for (std::size_t i = 0; i < main.size(); ++i) {
+      norm += main[i] * main[i];
+      // Rounded to the params dtype, main_grad is what the unfused layer stored.
+      EXPECT_EQ(round_to(parse_dtype(dtype), main[i]), want[i]) << dtype << " element " << i;
+    }
+    EXPECT_GT(norm, 0.0) << dtype << ": main_grad holds no gradient";
+  }
+}
+
 TEST(Linear, ThreeDimensionalInput) {
   expect_gradients_match_finite_differences("Linear", linear_options("none", false, {}), {2, 3, 8});
   for (const std::string mode : {"column", "row"}) {

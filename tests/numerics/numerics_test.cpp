@@ -369,6 +369,63 @@ TEST(TruthPolicy, FloorAbsorbsRoundingWhenSingleIsExact) {
             VerdictStatus::kFail);
 }
 
+// The limit exactly, at ±ε, with N = 4 and K = 16 so that sqrt(N) = 2 ≠ N and
+// sqrt(K) = 4 ≠ K: a formula with N or K in place of their roots fails one of these.
+// Each term is tested alone (the others zero), for the RMS and for the max statistic.
+TEST(TruthPolicy, LimitIsExactWithSqrtNAndSqrtK) {
+  Policy p = parse_policy("truth");
+  p.truth.tp_size = 4;
+  p.truth.reduction_length = 16;
+  p.truth.unit_roundoff = std::ldexp(1.0, -24);
+  const double u = std::ldexp(1.0, -24);
+  const double eps = 1e-9;
+  auto base = [] {
+    TensorComparison c;
+    c.dtype = DType::kF32;
+    c.numel = 16;
+    c.has_truth = true;
+    return c;
+  };
+  // sharded error (rms and max) at `ratio` × limit.
+  auto judge = [&](TensorComparison c, double limit_rms, double limit_max, double ratio) {
+    c.sharded_vs_truth.rms = ratio * limit_rms;
+    c.sharded_vs_truth.max_abs = ratio * limit_max;
+    return evaluate(p, c).status;
+  };
+  auto expect_limit = [&](const TensorComparison& c, double rms, double max, const char* what) {
+    EXPECT_EQ(judge(c, rms, max, 1 - eps), VerdictStatus::kPass) << what;
+    EXPECT_EQ(judge(c, rms, max, 1 + eps), VerdictStatus::kFail) << what;
+    TensorComparison only_max = c;  // the max statistic alone decides too
+    only_max.sharded_vs_truth.rms = 0;
+    only_max.sharded_vs_truth.max_abs = (1 + eps) * max;
+    EXPECT_EQ(evaluate(p, only_max).status, VerdictStatus::kFail) << what;
+  };
+  // Multiplier term: 4 · sqrt(4) = 8 times single's error.
+  TensorComparison m = base();
+  m.single_vs_truth.rms = 1e-6;
+  m.single_vs_truth.max_abs = 3e-6;
+  expect_limit(m, 8 * 1e-6, 8 * 3e-6, "m·sqrt(N)·single");
+  // Floor term: u · sqrt(16) = 4u times |truth|.
+  TensorComparison f = base();
+  f.truth_rms = 0.5;
+  f.truth_max_abs = 2.0;
+  expect_limit(f, 4 * u * 0.5, 4 * u * 2.0, "u·sqrt(K)·|truth|");
+  // Rounding-probe term: u · sqrt(16) times the noise, also with a zero truth.
+  TensorComparison n = base();
+  n.has_rounding_noise = true;
+  n.rounding_noise_rms = 0.25;
+  n.rounding_noise_max_abs = 1.0;
+  expect_limit(n, 4 * u * 0.25, 4 * u * 1.0, "u·sqrt(K)·noise");
+  // All three add.
+  TensorComparison all = m;
+  all.truth_rms = 0.5;
+  all.truth_max_abs = 2.0;
+  all.has_rounding_noise = true;
+  all.rounding_noise_rms = 0.25;
+  all.rounding_noise_max_abs = 1.0;
+  expect_limit(all, 8e-6 + 4 * u * 0.75, 24e-6 + 4 * u * 3.0, "sum");
+}
+
 TEST(ParsePolicy, NamesRoundTripAndBadNameIsInputError) {
   for (const std::string& name : policy_names())
     EXPECT_EQ(policy_name(parse_policy(name).kind), name);

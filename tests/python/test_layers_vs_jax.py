@@ -261,6 +261,7 @@ def test_layer_matches_jax(kind, options, shape, tmp_path):
     assert sorted(grads) == sorted(["input"] + [n for n, _ in specs]), "gradient names differ"
 
     _check_constant_init(kind, options, params)
+    _check_non_trivial(params)
 
     x = tensors["input"]
     assert x.shape == tuple(shape)
@@ -296,6 +297,20 @@ def _check_key_bias_grad(name, grads, expected_grads):
     for side, g in (("tpcheck", grads[name]), ("JAX", expected_grads[name])):
         ratio = np.linalg.norm(np.asarray(g)) / scale
         assert ratio <= 1e-13, f"grad/{name} ({side}) should be ~0: |g|/|key_weight grad| = {ratio}"
+
+
+def _check_non_trivial(params):
+    """Parameters that would hide a missing term: a norm gamma of all ones (or all zeros
+    with zero_centered_gamma) equals no scaling, a bias of all zeros equals no bias; the
+    comparison would then pass with the term left out. Every generated gamma and bias
+    must differ from those values."""
+    for name, value in params.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if "layer_norm_weight" in leaf:
+            assert not np.all(value == 1.0), f"{name}: gamma is all ones (trivial)"
+            assert not np.all(value == 0.0), f"{name}: gamma is all zeros (trivial)"
+        if leaf.endswith("bias"):
+            assert np.any(value != 0.0), f"{name}: bias is all zeros (trivial)"
 
 
 def _check_constant_init(kind, options, params):

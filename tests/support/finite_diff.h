@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "tpcheck/rng.h"
@@ -43,6 +44,24 @@ inline double relative_error(const std::vector<double>& a, const std::vector<dou
     ref += b[i] * b[i];
   }
   return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-300);
+}
+
+// ‖v‖₂ in f64.
+inline double l2_norm(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+// relative_error(analytic, numeric), refusing the case where it proves nothing: a
+// gradient the test builds to be non-zero must have a non-zero numeric estimate, or a
+// zero analytic gradient (a dropped accumulation, an unwired parameter) would match a
+// zero numeric one and pass silently. Returns +inf when ‖numeric‖₂ ≤ min_norm.
+inline double checked_gradient_error(const std::vector<double>& analytic,
+                                     const std::vector<double>& numeric,
+                                     double min_norm = 1e-8) {
+  if (!(l2_norm(numeric) > min_norm)) return std::numeric_limits<double>::infinity();
+  return relative_error(analytic, numeric);
 }
 
 // Σ w ⊙ t in f64.
