@@ -34,6 +34,13 @@ struct SuiteSizes {
   std::optional<std::int64_t> hidden, ffn, heads, seq, batch;
 };
 
+// The loss a case's runs differentiate (docs/LAYERS.md, "Loss used by the suite").
+//   kReference: MSE(output, target) only, as the reference suite: a returned bias and a
+//               returned layernorm output get zero gradient.
+//   kExtended:  MSE(output + returned bias, target) + MSE(layernorm_output, target_ln):
+//               more tensors flow into the backward.
+enum class SuiteLoss { kReference, kExtended };
+
 struct SuiteCase {
   std::string id;                // stable, regex-friendly: "Linear.column.sp1.bias=false"
   std::string module;            // layer kind for make_layer: "Linear", "TransformerLayer", ...
@@ -42,6 +49,7 @@ struct SuiteCase {
   bool sequence_parallel = false;
   DType dtype = DType::kF32;     // storage dtype of the single and sharded runs
   Shape input_shape;             // global input shape (the single run's input)
+  SuiteLoss loss = SuiteLoss::kReference;  // chosen by the suite (te: the reference's)
 };
 
 struct Suite {

@@ -31,19 +31,14 @@ AttnMaskType parse_attn_mask_type(std::string_view name) {
   return AttnMaskType::kCausal;  // unreachable
 }
 
-namespace {
-
-// window_size is a [left, right] pair, which OptionReader has no reader for: it is read
-// here and removed from the copy the reader checks.
-nlohmann::json take_window(const nlohmann::json& j, std::string_view layer, std::int64_t& left,
-                           std::int64_t& right) {
+nlohmann::json take_window_size(const nlohmann::json& j, std::string_view layer,
+                                std::int64_t& left, std::int64_t& right) {
   if (!j.is_object() || !j.contains("window_size")) return j;
   const nlohmann::json& w = j.at("window_size");
   TPCHECK_CHECK_INPUT(
       w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
-      "{} option window_size: expected [left, right] integers (-1: unbounded), "
-      "got {}",
-      layer, w.dump());
+      "{} option window_size: expected [left, right] integers (-1: unbounded), got {}", layer,
+      w.dump());
   left = w[0].get<std::int64_t>();
   right = w[1].get<std::int64_t>();
   nlohmann::json rest = j;
@@ -51,11 +46,36 @@ nlohmann::json take_window(const nlohmann::json& j, std::string_view layer, std:
   return rest;
 }
 
-}  // namespace
+void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& right) {
+  // TransformerEngine's check_set_window_size: causal takes (-1, 0) or (>= 0, 0), no_mask
+  // (-1, -1) or (>= 0, >= 0); the forms it corrects are corrected, the rest rejected.
+  if (mask == AttnMaskType::kCausal) {
+    if ((left == -1 && right == -1) || (left >= 0 && right != 0)) {
+      right = 0;  // (-1, -1) → (-1, 0); (l, r) → (l, 0)
+      return;
+    }
+    TPCHECK_CHECK_INPUT(
+        (left == -1 || left >= 0) && right == 0,
+        "window_size ({}, {}) with self_attn_mask_type causal: expected (-1, 0) or (>= 0, 0) "
+        "(or (-1, -1), or (l >= 0, r), which become (-1, 0) and (l, 0))",
+        left, right);
+    return;
+  }
+  if (left == -1 && right == 0) {
+    right = -1;  // (-1, 0) with no_mask means no mask at all
+    return;
+  }
+  TPCHECK_CHECK_INPUT(
+      (left == -1 && right == -1) || (left >= 0 && right >= 0),
+      "window_size ({}, {}) with self_attn_mask_type no_mask: expected (-1, -1) or (>= 0, >= 0) "
+      "(or (-1, 0), which means no mask); a single unbounded side is not supported",
+      left, right);
+}
 
 MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohmann::json& j) {
   Options o;
-  const nlohmann::json rest = take_window(j, "MultiheadAttention", o.window_left, o.window_right);
+  const nlohmann::json rest =
+      take_window_size(j, "MultiheadAttention", o.window_left, o.window_right);
   OptionReader r(rest, "MultiheadAttention");
   o.hidden_size = r.get_size("hidden_size", true);
   o.num_attention_heads = r.get_size("num_attention_heads", true);
@@ -64,10 +84,11 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.attn_mask_type = parse_attn_mask_type(
       r.get_choice("attn_mask_type", r.get_choice("self_attn_mask_type", "causal", masks), masks));
   o.input_layernorm = r.get_bool("input_layernorm", o.input_layernorm);
+  o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
   o.normalization = r.get_normalization(o.normalization);
   o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("eps", o.eps);
+  o.eps = r.get_positive_double("layernorm_epsilon", o.eps);
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
   o.bias = r.get_bool("bias", o.bias);
@@ -78,6 +99,7 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
   o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
+  normalize_window_size(o.attn_mask_type, o.window_left, o.window_right);
   o.validate(1);
   return o;
 }
@@ -98,7 +120,7 @@ void MultiheadAttention::Options::validate(int tp_size) const {
   TPCHECK_CHECK_INPUT(window_left >= -1 && window_right >= -1,
                       "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})", window_left,
                       window_right);
-  TPCHECK_CHECK_INPUT(eps > 0, "eps must be positive, got {}", eps);
+  TPCHECK_CHECK_INPUT(eps > 0, "layernorm_epsilon must be positive, got {}", eps);
   TPCHECK_CHECK_INPUT(num_attention_heads % tp_size == 0,
                       "num_attention_heads {} is not divisible by the tensor-parallel size {}; "
                       "expected a multiple of {}",
@@ -131,6 +153,7 @@ Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t
 MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
                                        const ModuleContext& ctx)
     : options_(std::move(options)), ctx_(ctx), prefix_(std::move(prefix)) {
+  normalize_window_size(options_.attn_mask_type, options_.window_left, options_.window_right);
   const Options& o = options_;
   o.validate(ctx_.tp_size());
   const std::int64_t d = o.head_dim(), heads = o.num_attention_heads, g = o.groups();
@@ -138,54 +161,43 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
   local_groups_ = g / ctx_.tp_size();
   const std::string qkv_prefix = prefix_ + (o.input_layernorm ? "layernorm_qkv." : "qkv.");
 
-  if (o.fuse_qkv_params) {
-    Linear::Options l = column_linear(o, (heads + 2 * g) * d, "attn.qkv");
+  // One projection either way, as the reference: fused, one parameter; separate, the
+  // three parameters of parameters_split, still one GEMM per pass (site attn.qkv).
+  Linear::Options l = column_linear(o, (heads + 2 * g) * d, "attn.qkv");
+  if (!o.fuse_qkv_params) {
+    l.parameters_split = {{"query", heads * d}, {"key", g * d}, {"value", g * d}};
+  } else if (!o.qkv_weight_interleaved) {
     // Interleaved: whole groups are contiguous, so one block; otherwise Q, K, V are
     // sharded separately.
-    if (!o.qkv_weight_interleaved) l.weight_blocks = {heads * d, g * d, g * d};
-    if (o.input_layernorm) {
-      LayerNormLinear::Options n;
-      n.in_features = l.in_features;
-      n.out_features = l.out_features;
-      n.normalization = o.normalization;
-      n.zero_centered_gamma = o.zero_centered_gamma;
-      n.eps = o.eps;
-      n.return_layernorm_output = o.return_layernorm_output;
-      n.bias = l.bias;
-      n.parallel_mode = l.parallel_mode;
-      n.sequence_parallel = l.sequence_parallel;
-      n.init_method = l.init_method;
-      n.fuse_wgrad_accumulation = l.fuse_wgrad_accumulation;
-      n.params_dtype = l.params_dtype;
-      n.site = l.site;
-      n.weight_blocks = l.weight_blocks;
-      fused_ln_ = std::make_unique<LayerNormLinear>(qkv_prefix, n, ctx_);
-    } else {
-      fused_ = std::make_unique<Linear>(qkv_prefix, l, ctx_);
-    }
+    l.weight_blocks = {heads * d, g * d, g * d};
+  }
+  if (o.input_layernorm) {
+    LayerNormLinear::Options n;
+    n.in_features = l.in_features;
+    n.out_features = l.out_features;
+    n.normalization = o.normalization;
+    n.zero_centered_gamma = o.zero_centered_gamma;
+    n.eps = o.eps;
+    n.return_layernorm_output = o.return_layernorm_output;
+    n.bias = l.bias;
+    n.parallel_mode = l.parallel_mode;
+    n.sequence_parallel = l.sequence_parallel;
+    n.init_method = l.init_method;
+    n.fuse_wgrad_accumulation = l.fuse_wgrad_accumulation;
+    n.params_dtype = l.params_dtype;
+    n.site = l.site;
+    n.weight_blocks = l.weight_blocks;
+    n.parameters_split = l.parameters_split;
+    qkv_ln_ = std::make_unique<LayerNormLinear>(qkv_prefix, n, ctx_);
   } else {
-    if (o.input_layernorm) {
-      LayerNorm::Options n;
-      n.hidden_size = o.hidden_size;
-      n.normalization = o.normalization;
-      n.eps = o.eps;
-      n.zero_centered_gamma = o.zero_centered_gamma;
-      n.sequence_parallel = o.sequence_parallel;
-      n.params_dtype = o.params_dtype;
-      norm_ = std::make_unique<LayerNorm>(qkv_prefix + "layer_norm_", n, ctx_);
-    }
-    query_ = std::make_unique<Linear>(qkv_prefix + "query_",
-                                      column_linear(o, heads * d, "attn.query"), ctx_);
-    key_ = std::make_unique<Linear>(qkv_prefix + "key_", column_linear(o, g * d, "attn.key"), ctx_);
-    value_ = std::make_unique<Linear>(qkv_prefix + "value_", column_linear(o, g * d, "attn.value"),
-                                      ctx_);
+    qkv_ = std::make_unique<Linear>(qkv_prefix, l, ctx_);
   }
 
   Linear::Options p;
   p.in_features = heads * d;
   p.out_features = o.hidden_size;
   p.bias = o.bias;
-  p.return_bias = true;
+  p.return_bias = o.return_bias;
   p.parallel_mode = ParallelMode::kRow;
   p.sequence_parallel = o.sequence_parallel;
   p.init_method = o.output_layer_init_method;
@@ -234,21 +246,8 @@ OutputLayout MultiheadAttention::output_layout() const {
 }
 
 std::vector<Parameter*> MultiheadAttention::parameters() {
-  std::vector<Parameter*> out;
-  auto append = [&out](std::vector<Parameter*> ps) { out.insert(out.end(), ps.begin(), ps.end()); };
-  if (fused_ln_) append(fused_ln_->parameters());
-  if (fused_) append(fused_->parameters());
-  if (query_) {
-    if (norm_) append(norm_->parameters());
-    // Documented order: the three weights, then the three biases.
-    out.push_back(&query_->weight());
-    out.push_back(&key_->weight());
-    out.push_back(&value_->weight());
-    for (Linear* l : {query_.get(), key_.get(), value_.get()}) {
-      if (Parameter* b = l->bias_parameter()) out.push_back(b);
-    }
-  }
-  append(proj_->parameters());
+  std::vector<Parameter*> out = qkv_ln_ ? qkv_ln_->parameters() : qkv_->parameters();
+  for (Parameter* p : proj_->parameters()) out.push_back(p);
   return out;
 }
 
@@ -260,43 +259,29 @@ LayerOutputs MultiheadAttention::forward(const Tensor& x, Saved& saved) {
   const std::int64_t sp = input_layout().is_replicated() ? 1 : ctx_.tp_size();
   const std::int64_t s = x.dim(0) * sp, b = x.dim(1), d = o.head_dim();
   const std::int64_t hl = local_heads_, gl = local_groups_, hg = hl / gl;
-  TPCHECK_CHECK_INPUT(o.window_left < s && o.window_right < s,
-                      "window_size ({}, {}) has a bound not smaller than the sequence length {}; "
-                      "expected bounds < {} (or -1 for unbounded)",
-                      o.window_left, o.window_right, s, s);
   saved.seq = s;
 
   LayerOutputs out;
-  if (o.fuse_qkv_params) {
-    LayerOutputs qkv;
-    if (fused_ln_) {
-      qkv = fused_ln_->forward(x, saved.fused_ln);
-      out.layernorm_output = qkv.layernorm_output;
-    } else {
-      qkv = fused_->forward(x, saved.fused);
-    }
-    TPCHECK_CHECK(qkv.output.numel() == s * b * (hl + 2 * gl) * d,
-                  "fused QKV output {} has an unexpected size", qkv.output.describe());
-    if (o.qkv_weight_interleaved) {
-      const Tensor t = qkv.output.reshape({s * b, gl, hg + 2, d});
-      saved.q = t.slice(2, 0, hg).reshape({s, b, hl, d});
-      saved.k = t.slice(2, hg, 1).reshape({s, b, gl, d});
-      saved.v = t.slice(2, hg + 1, 1).reshape({s, b, gl, d});
-    } else {
-      const Tensor t = qkv.output.reshape({s * b, (hl + 2 * gl) * d});
-      saved.q = t.slice(1, 0, hl * d).reshape({s, b, hl, d});
-      saved.k = t.slice(1, hl * d, gl * d).reshape({s, b, gl, d});
-      saved.v = t.slice(1, (hl + gl) * d, gl * d).reshape({s, b, gl, d});
-    }
+  LayerOutputs qkv;
+  if (qkv_ln_) {
+    qkv = qkv_ln_->forward(x, saved.qkv_ln);
+    out.layernorm_output = qkv.layernorm_output;
   } else {
-    Tensor ln = x;
-    if (norm_) {
-      ln = norm_->forward(x, saved.norm).output;
-      if (o.return_layernorm_output) out.layernorm_output = ln;
-    }
-    saved.q = query_->forward(ln, saved.query).output.reshape({s, b, hl, d});
-    saved.k = key_->forward(ln, saved.key).output.reshape({s, b, gl, d});
-    saved.v = value_->forward(ln, saved.value).output.reshape({s, b, gl, d});
+    qkv = qkv_->forward(x, saved.qkv);
+  }
+  TPCHECK_CHECK(qkv.output.numel() == s * b * (hl + 2 * gl) * d,
+                "QKV output {} has an unexpected size", qkv.output.describe());
+  if (o.fuse_qkv_params && o.qkv_weight_interleaved) {
+    const Tensor t = qkv.output.reshape({s * b, gl, hg + 2, d});
+    saved.q = t.slice(2, 0, hg).reshape({s, b, hl, d});
+    saved.k = t.slice(2, hg, 1).reshape({s, b, gl, d});
+    saved.v = t.slice(2, hg + 1, 1).reshape({s, b, gl, d});
+  } else {
+    // [q | k | v]: fused not interleaved, and the separate parameters' concatenation.
+    const Tensor t = qkv.output.reshape({s * b, (hl + 2 * gl) * d});
+    saved.q = t.slice(1, 0, hl * d).reshape({s, b, hl, d});
+    saved.k = t.slice(1, hl * d, gl * d).reshape({s, b, gl, d});
+    saved.v = t.slice(1, (hl + gl) * d, gl * d).reshape({s, b, gl, d});
   }
 
   saved.attention =
@@ -320,41 +305,24 @@ Tensor MultiheadAttention::backward(const OutputGrads& grads, Saved& saved) {
   const AttentionGrads g = ctx_.backend->attention_backward(
       d_o, saved.q, saved.k, saved.v, saved.attention, mask(), softmax_scale());
 
-  if (o.fuse_qkv_params) {
-    Tensor dqkv;
-    if (o.qkv_weight_interleaved) {
-      dqkv = Tensor({s * b, gl, hg + 2, d}, g.dq.dtype(), g.dq.device());
-      dqkv.write_slice(2, 0, g.dq.reshape({s * b, gl, hg, d}));
-      dqkv.write_slice(2, hg, g.dk.reshape({s * b, gl, 1, d}));
-      dqkv.write_slice(2, hg + 1, g.dv.reshape({s * b, gl, 1, d}));
-    } else {
-      dqkv = Tensor::cat({g.dq.reshape({s * b, hl * d}), g.dk.reshape({s * b, gl * d}),
-                          g.dv.reshape({s * b, gl * d})},
-                         1);
-    }
-    OutputGrads qkv_grads;
-    qkv_grads.output = dqkv.reshape({s, b, (hl + 2 * gl) * d});
-    if (fused_ln_) {
-      qkv_grads.layernorm_output = grads.layernorm_output;
-      return fused_ln_->backward(qkv_grads, saved.fused_ln);
-    }
-    return fused_->backward(qkv_grads, saved.fused);
+  Tensor dqkv;
+  if (o.fuse_qkv_params && o.qkv_weight_interleaved) {
+    dqkv = Tensor({s * b, gl, hg + 2, d}, g.dq.dtype(), g.dq.device());
+    dqkv.write_slice(2, 0, g.dq.reshape({s * b, gl, hg, d}));
+    dqkv.write_slice(2, hg, g.dk.reshape({s * b, gl, 1, d}));
+    dqkv.write_slice(2, hg + 1, g.dv.reshape({s * b, gl, 1, d}));
+  } else {
+    dqkv = Tensor::cat({g.dq.reshape({s * b, hl * d}), g.dk.reshape({s * b, gl * d}),
+                        g.dv.reshape({s * b, gl * d})},
+                       1);
   }
-
-  // Separate projections: d ln = Σ of the three dgrads (each already reduced across the
-  // group by its Linear) + the layernorm_output gradient.
-  OutputGrads gq, gk, gv;
-  gq.output = g.dq.reshape({s, b, hl * d});
-  gk.output = g.dk.reshape({s, b, gl * d});
-  gv.output = g.dv.reshape({s, b, gl * d});
-  Tensor dln = query_->backward(gq, saved.query);
-  ctx_.backend->accumulate(dln, key_->backward(gk, saved.key));
-  ctx_.backend->accumulate(dln, value_->backward(gv, saved.value));
-  if (!norm_) return dln;
-  if (grads.layernorm_output.defined()) ctx_.backend->accumulate(dln, grads.layernorm_output);
-  OutputGrads norm_grads;
-  norm_grads.output = dln;
-  return norm_->backward(norm_grads, saved.norm);
+  OutputGrads qkv_grads;
+  qkv_grads.output = dqkv.reshape({s, b, (hl + 2 * gl) * d});
+  if (qkv_ln_) {
+    qkv_grads.layernorm_output = grads.layernorm_output;
+    return qkv_ln_->backward(qkv_grads, saved.qkv_ln);
+  }
+  return qkv_->backward(qkv_grads, saved.qkv);
 }
 
 }  // namespace tpcheck

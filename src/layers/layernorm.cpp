@@ -16,7 +16,16 @@ namespace tpcheck {
 LayerNorm::Options LayerNorm::Options::from_json(const nlohmann::json& j) {
   OptionReader r(j, "LayerNorm");
   Options o;
-  o.hidden_size = r.get_size("hidden_size", true);
+  // The reference's key is normalized_shape; hidden_size is accepted as an alias.
+  const std::int64_t normalized_shape = r.get_size("normalized_shape", false);
+  const std::int64_t hidden_size = r.get_size("hidden_size", false);
+  TPCHECK_CHECK_INPUT(normalized_shape > 0 || hidden_size > 0,
+                      "LayerNorm option normalized_shape (or its alias hidden_size) is required "
+                      "(a positive integer)");
+  TPCHECK_CHECK_INPUT(normalized_shape == 0 || hidden_size == 0 || normalized_shape == hidden_size,
+                      "LayerNorm options normalized_shape {} and hidden_size {} disagree; give one",
+                      normalized_shape, hidden_size);
+  o.hidden_size = normalized_shape > 0 ? normalized_shape : hidden_size;
   o.normalization = r.get_normalization(o.normalization);
   o.eps = r.get_positive_double("eps", o.eps);
   o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);

@@ -30,9 +30,12 @@ LayerNormLinear::Options LayerNormLinear::Options::from_json(const nlohmann::jso
 }
 
 LayerNorm::Options LayerNormLinear::norm_options(const Options& o) {
+  // The reference rejects it too (its LayerNormLinear raises "Normalization does not
+  // support tensor-parallel distribution" for parallel_mode="row").
   TPCHECK_CHECK_INPUT(
       o.parallel_mode != ParallelMode::kRow,
-      "LayerNormLinear: parallel_mode row is not supported; expected none or column");
+      "LayerNormLinear: parallel_mode row is not supported (as in the reference); expected "
+      "none or column");
   LayerNorm::Options n;
   n.hidden_size = o.in_features;
   n.normalization = o.normalization;
@@ -58,6 +61,7 @@ Linear::Options LayerNormLinear::linear_options(const Options& o) {
   l.params_dtype = o.params_dtype;
   l.site = o.site;
   l.weight_blocks = o.weight_blocks;
+  l.parameters_split = o.parameters_split;
   return l;
 }
 

@@ -30,6 +30,11 @@ LayerNorm::Options mlp_norm_options(const LayerNormMLP::Options& o, int tp) {
   return n;
 }
 
+// gelu: the reference's default full-precision path (NVTE_BIAS_GELU_NVFUSION=1) runs the
+// fc1 GEMM without bias and applies bias + gelu in one fused elementwise kernel (f32 math,
+// one rounding); every other activation gets the bias in the GEMM epilogue.
+bool bias_gelu_fusion(const LayerNormMLP::Options& o) { return o.activation == Activation::kGelu; }
+
 Linear::Options fc1_options(const LayerNormMLP::Options& o) {
   const bool gated = is_gated(o.activation);
   Linear::Options l;
@@ -37,6 +42,7 @@ Linear::Options fc1_options(const LayerNormMLP::Options& o) {
   l.out_features = gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size;
   if (gated) l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};
   l.bias = o.bias;
+  l.return_bias = o.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
   l.parallel_mode = ParallelMode::kColumn;
   l.sequence_parallel = o.sequence_parallel;
   l.init_method = o.init_method;
@@ -98,8 +104,18 @@ LayerNormMLP::LayerNormMLP(std::string prefix, Options options, const ModuleCont
 
 Tensor LayerNormMLP::forward_to_activation(const Tensor& x, Saved& saved) {
   const Tensor ln = norm_.forward(x, saved.norm).output;
-  saved.fc1_output = fc1_.forward(ln, saved.fc1).output;
-  return ctx_.backend->activation_forward(options_.activation, saved.fc1_output);
+  const LayerOutputs fc1 = fc1_.forward(ln, saved.fc1);
+  saved.fc1_output = fc1.output;
+  saved.fc1_bias = fc1.bias;  // bias + gelu fusion only (else added in the GEMM)
+  if (!bias_gelu_fusion(options_)) {
+    return ctx_.backend->activation_forward(options_.activation, saved.fc1_output);
+  }
+  // gelu(h + b) in f32 (f64), rounded once to the storage dtype.
+  Backend& be = *ctx_.backend;
+  const DType dtype = saved.fc1_output.dtype();
+  Tensor pre = saved.fc1_output.to(dtype == DType::kF64 ? DType::kF64 : DType::kF32);
+  if (saved.fc1_bias.defined()) be.add_bias(pre, saved.fc1_bias);
+  return be.activation_forward(Activation::kGelu, pre).to(dtype);
 }
 
 LayerOutputs LayerNormMLP::forward(const Tensor& x, Saved& saved) {
@@ -128,7 +144,24 @@ Tensor LayerNormMLP::backward(const OutputGrads& grads, Saved& saved) {
   fc2_grads.bias = grads.bias;
   const Tensor da = fc2_.backward(fc2_grads, saved.fc2);
   OutputGrads fc1_grads;
-  fc1_grads.output = ctx_.backend->activation_backward(options_.activation, da, saved.fc1_output);
+  if (!bias_gelu_fusion(options_)) {
+    fc1_grads.output = ctx_.backend->activation_backward(options_.activation, da, saved.fc1_output);
+  } else {
+    // The reference's fused bgrad + dgelu: gelu'(h + b) · da in f32 (f64), the input
+    // gradient rounded once, the bias gradient summed over the tokens from the unrounded
+    // values (and rounded once into the gradient).
+    Backend& be = *ctx_.backend;
+    const DType dtype = da.dtype();
+    const DType wide = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+    Tensor pre = saved.fc1_output.to(wide);
+    if (saved.fc1_bias.defined()) be.add_bias(pre, saved.fc1_bias);
+    const Tensor dpre = be.activation_backward(Activation::kGelu, da.to(wide), pre);
+    fc1_grads.output = dpre.to(dtype);
+    if (saved.fc1_bias.defined()) {
+      fc1_grads.bias = Tensor::zeros({dpre.dim(-1)}, wide, dpre.device());
+      be.accumulate_bias_grad(dpre, fc1_grads.bias);
+    }
+  }
   Tensor dln = fc1_.backward(fc1_grads, saved.fc1);
   if (options_.return_layernorm_output) {
     TPCHECK_CHECK(grads.layernorm_output.defined(),

@@ -66,11 +66,29 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
                         "{}: weight blocks sum to {}, expected out_features {}", o.site, sum,
                         o.out_features);
   }
+  TPCHECK_CHECK_INPUT(o.parameters_split.empty() || o.weight_blocks.empty(),
+                      "{}: parameters_split and weight_blocks exclude each other", o.site);
+  TPCHECK_CHECK_INPUT(o.parameters_split.empty() || o.parallel_mode != ParallelMode::kRow,
+                      "{}: parameters_split applies to column-parallel or unsharded weights, "
+                      "got parallel_mode row",
+                      o.site);
+  if (!o.parameters_split.empty()) {
+    std::int64_t sum = 0;
+    for (const Options::Split& s : o.parameters_split) sum += s.rows;
+    TPCHECK_CHECK_INPUT(sum == o.out_features,
+                        "{}: parameters_split rows sum to {}, expected out_features {}", o.site,
+                        sum, o.out_features);
+  }
   ShardSpec weight_shard, bias_shard;
   int weight_rank = ctx_.rank(), bias_rank = ctx_.rank();
   if (o.parallel_mode == ParallelMode::kColumn) {
-    for (std::int64_t block :
-         o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks) {
+    std::vector<std::int64_t> blocks =
+        o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks;
+    if (!o.parameters_split.empty()) {
+      blocks.clear();
+      for (const Options::Split& s : o.parameters_split) blocks.push_back(s.rows);
+    }
+    for (std::int64_t block : blocks) {
       TPCHECK_CHECK_INPUT(block % n == 0,
                           "{}: column-parallel out_features {} (block {}) is not divisible by the "
                           "tensor-parallel size {}",
@@ -90,13 +108,63 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
   const FillSpec weight_fill = o.init_method == InitMethod::kConstant
                                    ? FillSpec::constant(kConstantInitValue)
                                    : default_weight_fill();
-  weight_ = make_parameter_from_rank(ctx_, prefix + "weight", {o.out_features, o.in_features},
-                                     weight_shard, weight_fill, o.params_dtype,
-                                     o.fuse_wgrad_accumulation, weight_rank);
+  // One parameter per split (each sharded on its own), or one `weight` / `bias`.
+  std::vector<Options::Split> parts = o.parameters_split;
+  if (parts.empty()) parts.push_back({"", o.out_features});
+  for (const Options::Split& part : parts) {
+    const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
+    weights_.push_back(make_parameter_from_rank(ctx_, stem + "weight", {part.rows, o.in_features},
+                                                weight_shard, weight_fill, o.params_dtype,
+                                                o.fuse_wgrad_accumulation, weight_rank));
+  }
   if (o.bias) {
-    bias_ = make_parameter_from_rank(ctx_, prefix + "bias", {o.out_features}, bias_shard,
-                                     default_bias_fill(), o.params_dtype, false, bias_rank);
-    bias_.sequence_parallel_grad = o.parallel_mode == ParallelMode::kRow && o.sequence_parallel;
+    for (const Options::Split& part : parts) {
+      const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
+      Parameter b = make_parameter_from_rank(ctx_, stem + "bias", {part.rows}, bias_shard,
+                                             default_bias_fill(), o.params_dtype, false,
+                                             bias_rank);
+      b.sequence_parallel_grad = o.parallel_mode == ParallelMode::kRow && o.sequence_parallel;
+      biases_.push_back(std::move(b));
+    }
+  }
+}
+
+Tensor Linear::local_weight() const {
+  if (weights_.size() == 1) return weights_.front().value;
+  std::vector<Tensor> parts;
+  for (const Parameter& w : weights_) parts.push_back(w.value);
+  return Tensor::cat(parts, 0);
+}
+
+Tensor Linear::local_bias() const {
+  if (biases_.size() <= 1) return biases_.empty() ? Tensor() : biases_.front().value;
+  std::vector<Tensor> parts;
+  for (const Parameter& b : biases_) parts.push_back(b.value);
+  return Tensor::cat(parts, 0);
+}
+
+Tensor Linear::gradient_buffer(GradTarget which) {
+  std::vector<Parameter>& ps = which == GradTarget::kWeight ? weights_ : biases_;
+  auto target = [&](Parameter& p) -> Tensor& {
+    return which == GradTarget::kWeight && options_.fuse_wgrad_accumulation ? p.main_grad : p.grad;
+  };
+  // One parameter: its own buffer (a handle on the same storage), so GEMMs accumulate
+  // into it in place.
+  if (ps.size() == 1) return target(ps.front());
+  std::vector<Tensor> parts;
+  for (Parameter& p : ps) parts.push_back(target(p));
+  return Tensor::cat(parts, 0);
+}
+
+void Linear::store_gradient_buffer(GradTarget which, const Tensor& buffer) {
+  std::vector<Parameter>& ps = which == GradTarget::kWeight ? weights_ : biases_;
+  if (ps.size() == 1) return;  // written in place
+  std::int64_t row = 0;
+  for (Parameter& p : ps) {
+    Tensor& t =
+        which == GradTarget::kWeight && options_.fuse_wgrad_accumulation ? p.main_grad : p.grad;
+    t.copy_from(buffer.slice(0, row, t.dim(0)));
+    row += t.dim(0);
   }
 }
 
@@ -137,17 +205,25 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
   saved.input =
       o.save_original_input && column_sp() ? x.reshape({x.numel() / local_in(), local_in()}) : x2;
 
+  const bool add_bias = o.bias && !o.return_bias;
+  const Tensor bias = local_bias();
+  // Unsharded and column-parallel: the bias goes into the GEMM epilogue (one rounding of
+  // x·Wᵀ + b), as the reference passes it to its GEMM. Row-parallel: after the reduction.
+  GemmEpilogue epilogue;
+  bool bias_added = false, residual_added = false;
+  if (add_bias && !row) {
+    epilogue.bias = &bias;
+    bias_added = true;
+  }
   Tensor y2({x2.dim(0), local_out()}, x.dtype(), x.device());
-  ctx_.backend->gemm(o.site + "/fwd", x2, false, weight_.value, true, y2, false);
+  ctx_.backend->gemm(o.site + "/fwd", x2, false, local_weight(), true, y2, false, epilogue);
   Shape out_shape = full.shape();
   out_shape.back() = local_out();
   Tensor y = y2.reshape(out_shape);
 
-  const bool add_bias = o.bias && !o.return_bias;
-  bool bias_added = false, residual_added = false;
   if (row) {
     if (add_bias && ctx_.mutated(Mutation::kRowBiasBeforeReduce)) {
-      ctx_.backend->add_bias(y, bias_.value);  // the bug: every rank adds it
+      ctx_.backend->add_bias(y, bias);  // the bug: every rank adds it
       bias_added = true;
     }
     if (residual.defined() && ctx_.mutated(Mutation::kResidualBeforeReduce)) {
@@ -159,8 +235,8 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
     y = reduce_row_output(ctx_, y, o.sequence_parallel);
   }
   LayerOutputs out;
-  if (add_bias && !bias_added) ctx_.backend->add_bias(y, bias_.value);
-  if (o.bias && o.return_bias) out.bias = bias_.value.clone();
+  if (add_bias && !bias_added) ctx_.backend->add_bias(y, bias);
+  if (o.bias && o.return_bias) out.bias = bias.clone();
   if (residual.defined() && !residual_added) {
     TPCHECK_CHECK(residual.shape() == y.shape(), "{}: residual {} does not match output {}", o.site,
                   residual.describe(), y.describe());
@@ -184,7 +260,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
   const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
 
   Tensor dx2({dy2.dim(0), local_in()}, dy.dtype(), dy.device());
-  ctx_.backend->gemm(o.site + "/dgrad", dy2, false, weight_.value, false, dx2, false);
+  ctx_.backend->gemm(o.site + "/dgrad", dy2, false, local_weight(), false, dx2, false);
   Tensor dx = dx2;
   if (o.parallel_mode == ParallelMode::kColumn) {
     Shape full_shape = saved.input_shape;
@@ -217,27 +293,31 @@ void Linear::weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local,
   // save_original_input kept the local token slice; gather it again, as TE does.
   const Tensor input =
       column_sp() && o.save_original_input ? gather_tokens(ctx_, saved.input) : saved.input;
-  Tensor& dw = o.fuse_wgrad_accumulation ? weight_.main_grad : weight_.grad;
+  Tensor dw = gradient_buffer(GradTarget::kWeight);
   ctx_.backend->gemm(o.site + "/wgrad", dy, true, input, false, dw, true);
+  store_gradient_buffer(GradTarget::kWeight, dw);
   if (!o.bias) return;
+  Tensor db = gradient_buffer(GradTarget::kBias);
   if (o.return_bias) {
     // The returned bias's gradient is given whole (a replicated output's gradient).
     TPCHECK_CHECK(dbias_out.defined(), "{}: return_bias needs the bias output gradient", o.site);
-    ctx_.backend->accumulate(bias_.grad, dbias_out);
+    ctx_.backend->accumulate(db, dbias_out);
   } else if (o.parallel_mode == ParallelMode::kRow && o.sequence_parallel) {
     // Each rank's output slice saw the bias: a partial sum, all-reduced.
-    Tensor partial = Tensor::zeros_like(bias_.grad);
+    Tensor partial = Tensor::zeros_like(db);
     ctx_.backend->accumulate_bias_grad(dy_local, partial);
     reduce_replicated_grad(ctx_, partial, ReplicatedGrad::kRowBias);
-    ctx_.backend->accumulate(bias_.grad, partial);
+    ctx_.backend->accumulate(db, partial);
   } else {
-    ctx_.backend->accumulate_bias_grad(dy, bias_.grad);
+    ctx_.backend->accumulate_bias_grad(dy, db);
   }
+  store_gradient_buffer(GradTarget::kBias, db);
 }
 
 std::vector<Parameter*> Linear::parameters() {
-  std::vector<Parameter*> ps = {&weight_};
-  if (options_.bias) ps.push_back(&bias_);
+  std::vector<Parameter*> ps;
+  for (Parameter& w : weights_) ps.push_back(&w);
+  for (Parameter& b : biases_) ps.push_back(&b);
   return ps;
 }
 

@@ -18,19 +18,8 @@ namespace tpcheck {
 
 TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::json& j) {
   Options o;
-  // window_size is a pair, which OptionReader cannot read: take it out first.
-  nlohmann::json rest = j;
-  if (j.is_object() && j.contains("window_size")) {
-    const nlohmann::json& w = j.at("window_size");
-    TPCHECK_CHECK_INPUT(
-        w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
-        "TransformerLayer option window_size: expected [left, right] integers "
-        "(-1: unbounded), got {}",
-        w.dump());
-    o.window_left = w[0].get<std::int64_t>();
-    o.window_right = w[1].get<std::int64_t>();
-    rest.erase("window_size");
-  }
+  const nlohmann::json rest =
+      take_window_size(j, "TransformerLayer", o.window_left, o.window_right);
   OptionReader r(rest, "TransformerLayer");
   o.hidden_size = r.get_size("hidden_size", true);
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
@@ -44,7 +33,7 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
   o.parallel_attention_mlp = r.get_bool("parallel_attention_mlp", o.parallel_attention_mlp);
   o.normalization = r.get_normalization(o.normalization);
   o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("eps", o.eps);
+  o.eps = r.get_positive_double("layernorm_epsilon", o.eps);
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
   o.bias = r.get_bool("bias", o.bias);
@@ -56,8 +45,24 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
   o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
+  o.validate();
+  normalize_window_size(o.self_attn_mask_type, o.window_left, o.window_right);
   o.attention().validate(1);
   return o;
+}
+
+void TransformerLayer::Options::validate() const {
+  // The reference's constructor rules (transformer.py).
+  TPCHECK_CHECK_INPUT(!(parallel_attention_mlp && output_layernorm),
+                      "TransformerLayer: parallel_attention_mlp and output_layernorm cannot both "
+                      "be true (the reference rejects the combination)");
+  TPCHECK_CHECK_INPUT(!(parallel_attention_mlp && apply_residual_connection_post_layernorm),
+                      "TransformerLayer: parallel_attention_mlp and "
+                      "apply_residual_connection_post_layernorm cannot both be true (the "
+                      "reference rejects the combination)");
+  TPCHECK_CHECK_INPUT(!fuse_wgrad_accumulation || fuse_qkv_params,
+                      "TransformerLayer: fuse_wgrad_accumulation true requires fuse_qkv_params "
+                      "true, got fuse_qkv_params false (the reference rejects it)");
 }
 
 MultiheadAttention::Options TransformerLayer::Options::attention() const {
@@ -69,9 +74,9 @@ MultiheadAttention::Options TransformerLayer::Options::attention() const {
   a.window_left = window_left;
   a.window_right = window_right;
   a.input_layernorm = !output_layernorm;
-  // ln_a is the first residual only in the sequential arrangement with an input norm.
-  a.return_layernorm_output =
-      apply_residual_connection_post_layernorm && !output_layernorm && !parallel_attention_mlp;
+  a.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
+  // ln_a is the first residual only with an input norm.
+  a.return_layernorm_output = apply_residual_connection_post_layernorm && !output_layernorm;
   a.normalization = normalization;
   a.zero_centered_gamma = zero_centered_gamma;
   a.eps = eps;
@@ -95,8 +100,8 @@ LayerNormMLP::Options TransformerLayer::Options::mlp() const {
   m.zero_centered_gamma = zero_centered_gamma;
   m.eps = eps;
   m.bias = bias;
-  m.return_bias = true;  // added here, with the residual
-  m.return_layernorm_output = apply_residual_connection_post_layernorm && !parallel_attention_mlp;
+  m.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
+  m.return_layernorm_output = apply_residual_connection_post_layernorm;
   m.init_method = init_method;
   m.output_layer_init_method = output_layer_init_method;
   m.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
@@ -122,7 +127,7 @@ LayerNorm::Options output_norm_options(const TransformerLayer::Options& o) {
 }  // namespace
 
 TransformerLayer::TransformerLayer(std::string prefix, Options options, const ModuleContext& ctx)
-    : options_(std::move(options)),
+    : options_((options.validate(), std::move(options))),
       ctx_(ctx),
       attention_(prefix + "self_attention.", options_.attention(), ctx),
       mlp_(prefix + "layernorm_mlp.", options_.mlp(), ctx) {
@@ -149,6 +154,11 @@ std::vector<Parameter*> TransformerLayer::parameters() {
 
 Tensor TransformerLayer::combine(const Tensor& out, const Tensor& bias, const Tensor& residual) {
   Backend& be = *ctx_.backend;
+  // residual + (out + bias) in f32 (f64) with one rounding to the storage dtype: the
+  // reference's fused bias_dropout_add (a compiled elementwise kernel; dropout is 0).
+  const DType wide = out.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor y = out.to(wide);
+  if (bias.defined()) be.add_bias(y, bias);
   if (ctx_.mutated(Mutation::kResidualBeforeReduce)) {
     // The bug: each rank added the (whole, SP: gathered) residual to its partial sum, so
     // the reduction carries Σ_ranks residual = N copies of it.
@@ -156,13 +166,11 @@ Tensor TransformerLayer::combine(const Tensor& out, const Tensor& bias, const Te
                      ? ctx_.comm->reduce_scatter(ctx_.comm->all_gather(residual, 0), 0)
                      : residual.clone();
     if (!options_.sequence_parallel) ctx_.comm->all_reduce(sum);
-    Tensor y = be.add(out, sum);
-    if (bias.defined()) be.add_bias(y, bias);
-    return y;
+    be.accumulate(y, sum);
+  } else {
+    be.accumulate(y, residual);
   }
-  Tensor y = out.clone();
-  if (bias.defined()) be.add_bias(y, bias);
-  return be.add(y, residual);
+  return y.to(out.dtype());
 }
 
 Tensor TransformerLayer::bias_output_grad(const Tensor& dy) {
@@ -178,10 +186,22 @@ LayerOutputs TransformerLayer::forward(const Tensor& x, Saved& saved) {
   const LayerOutputs a = attention_.forward(x, saved.attention);
   Tensor y;
   if (o.parallel_attention_mlp) {
+    // The reference: both branches add their own bias (after their reductions), then
+    // x + ((a + a_b) + (m + m_b)) in one fused kernel: formed in f32, rounded once.
     const LayerOutputs m = mlp_.forward(x, saved.mlp);
-    Tensor mb = m.output.clone();
-    if (m.bias.defined()) be.add_bias(mb, m.bias);
-    y = be.add(combine(a.output, a.bias, x), mb);  // x + (a + a_b), then + (m + m_b)
+    const DType wide = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+    Tensor sum = a.output.to(wide);
+    be.accumulate(sum, m.output);
+    if (ctx_.mutated(Mutation::kResidualBeforeReduce)) {
+      Tensor copies = o.sequence_parallel
+                          ? ctx_.comm->reduce_scatter(ctx_.comm->all_gather(x, 0), 0)
+                          : x.clone();
+      if (!o.sequence_parallel) ctx_.comm->all_reduce(copies);
+      be.accumulate(sum, copies);
+    } else {
+      be.accumulate(sum, x);
+    }
+    y = sum.to(x.dtype());
   } else {
     saved.residual_is_ln_a = a.layernorm_output.defined();
     const Tensor& r1 = saved.residual_is_ln_a ? a.layernorm_output : x;
@@ -209,9 +229,8 @@ Tensor TransformerLayer::backward(const OutputGrads& grads, Saved& saved) {
   }
 
   if (o.parallel_attention_mlp) {
-    OutputGrads g;
+    OutputGrads g;  // the biases were added inside the branches: no bias gradient here
     g.output = dy;
-    if (o.bias) g.bias = bias_output_grad(dy);
     Tensor dx = be.add(dy, attention_.backward(g, saved.attention));
     be.accumulate(dx, mlp_.backward(g, saved.mlp));
     return dx;

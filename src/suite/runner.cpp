@@ -39,13 +39,25 @@ Tensor gather_global(Communicator& comm, const Tensor& local, const ShardSpec& s
 }
 
 // Gradients of the suite loss with respect to output, bias and layernorm output (global).
-//   L = MSE(output + bias, target) [+ MSE(layernorm_output, target_ln)]
+//   kExtended:  L = MSE(output + bias, target) [+ MSE(layernorm_output, target_ln)]
+//   kReference: L = MSE(output, target); the returned bias and layernorm output get zero
+//               gradients (they are outside the loss, as in the reference suite).
 // computed in f64 and rounded once to each tensor's dtype.
-OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed) {
+OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, SuiteLoss loss) {
   OutputGrads g;
   const Tensor& y = global.output;
   const std::int64_t cols = y.dim(-1), rows = y.numel() / cols;
   std::vector<double> yv = y.to_f64();
+  if (loss == SuiteLoss::kReference) {
+    Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(), DType::kF64);
+    const double* t = target.data<double>();
+    for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = 2.0 * (yv[i] - t[i]) / yv.size();
+    g.output = Tensor::from_f64(yv, y.shape(), y.dtype());
+    if (global.bias.defined()) g.bias = Tensor::zeros_like(global.bias);
+    if (global.layernorm_output.defined())
+      g.layernorm_output = Tensor::zeros_like(global.layernorm_output);
+    return g;
+  }
   if (global.bias.defined()) {
     std::vector<double> b = global.bias.to_f64();
     for (std::int64_t i = 0; i < rows; ++i)
@@ -108,7 +120,7 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   if (local.layernorm_output.defined())
     global.layernorm_output = gather_global(comm, local.layernorm_output, layout.layernorm_output);
 
-  OutputGrads global_grads = loss_gradients(to_host(global), seed);
+  OutputGrads global_grads = loss_gradients(to_host(global), seed, c.loss);
   auto local_grad = [&](const Tensor& g, const ShardSpec& spec) {
     const Tensor shard = shard_of(g, spec, comm);
     return shard.defined() ? shard.to_device(device) : shard;

@@ -27,6 +27,7 @@ Options base() {
   Options o;
   o.hidden_size = 16;
   o.num_attention_heads = 4;
+  o.input_layernorm = true;  // the reference's standalone default is false; test the norm
   o.params_dtype = DType::kF64;
   return o;
 }
@@ -216,20 +217,23 @@ TEST(MultiheadAttention, RejectsInconsistentSizes) {
                   ("num_gqa_groups 2 is not divisible by the tensor-parallel size 4"));
 }
 
-TEST(MultiheadAttention, RejectsWindowNotSmallerThanSequence) {
-  std::unique_ptr<Backend> backend = make_cpu_backend();
-  std::unique_ptr<Communicator> comm = make_single_communicator();
-  ModuleContext ctx{backend.get(), comm.get(), 1, Mutation::kNone};
-  Options o = base();
-  o.attn_mask_type = AttnMaskType::kNoMask;
-  o.window_left = 1;
-  o.window_right = 6;
-  MultiheadAttention layer("", o, ctx);
-  MultiheadAttention::Saved saved;
-  const Tensor x = testing::random_f64({6, 2, 16}, "x");
-  expect_contains(error_message([&] { layer.forward(x, saved); }),
-                  ("window_size (1, 6) has a bound not smaller than the sequence "
-                   "length 6"));
+TEST(MultiheadAttention, WindowSizeFollowsTheReferenceRule) {
+  auto normalized = [](AttnMaskType mask, std::int64_t l, std::int64_t r) {
+    normalize_window_size(mask, l, r);
+    return std::pair{l, r};
+  };
+  using P = std::pair<std::int64_t, std::int64_t>;
+  EXPECT_EQ(normalized(AttnMaskType::kCausal, -1, -1), (P{-1, 0}));
+  EXPECT_EQ(normalized(AttnMaskType::kCausal, 2, 2), (P{2, 0}));
+  EXPECT_EQ(normalized(AttnMaskType::kCausal, -1, 0), (P{-1, 0}));
+  EXPECT_EQ(normalized(AttnMaskType::kNoMask, -1, 0), (P{-1, -1}));  // no mask at all
+  EXPECT_EQ(normalized(AttnMaskType::kNoMask, 1, 6), (P{1, 6}));     // no "< seq" rule
+  expect_contains(error_message([&] { normalized(AttnMaskType::kCausal, -1, 2); }),
+                  "window_size (-1, 2) with self_attn_mask_type causal");
+  expect_contains(error_message([&] { normalized(AttnMaskType::kNoMask, -1, 1); }),
+                  "window_size (-1, 1) with self_attn_mask_type no_mask");
+  expect_contains(error_message([&] { normalized(AttnMaskType::kNoMask, 3, -1); }),
+                  "window_size (3, -1) with self_attn_mask_type no_mask");
 }
 
 TEST(MultiheadAttention, OptionsFromJson) {
@@ -262,8 +266,15 @@ TEST(MultiheadAttention, OptionsFromJson) {
                   ("window_size: expected [left, right]"));
   expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 5})"),
                   ("num_attention_heads 5 must divide hidden_size 16"));
-  expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4, "window_size": [-3, 1]})"),
-                  ("window_size bounds must be >= -1"));
+  expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4, "window_size": [-3, 0]})"),
+                  ("window_size (-3, 0) with self_attn_mask_type causal"));
+  expect_contains(parse(R"({"hidden_size": 16, "num_attention_heads": 4, "eps": 0.1})"),
+                  ("unknown option eps"));
+  const Options d = Options::from_json(nlohmann::json::parse(
+      R"({"hidden_size": 16, "num_attention_heads": 4, "layernorm_epsilon": 0.001})"));
+  EXPECT_EQ(d.eps, 0.001);
+  EXPECT_FALSE(d.input_layernorm);  // the reference's defaults
+  EXPECT_FALSE(d.return_bias);
 }
 
 }  // namespace

@@ -54,11 +54,6 @@ std::vector<Variant> variants() {
          o.apply_residual_connection_post_layernorm = true;
        }},
       {"parallel_attention_mlp", [](Options& o) { o.parallel_attention_mlp = true; }},
-      {"parallel_attention_mlp + post-LN residual",
-       [](Options& o) {
-         o.parallel_attention_mlp = true;
-         o.apply_residual_connection_post_layernorm = true;
-       }},
       {"window_size (2,2)", [](Options& o) { o.window_left = o.window_right = 2; }},
       {"no_mask window (1,2)",
        [](Options& o) {
@@ -193,18 +188,42 @@ TEST(TransformerLayer, RejectsInconsistentSizes) {
   expect_contains(error_message([&] { construct(o, 4); }), "10");
 }
 
-TEST(TransformerLayer, RejectsWindowNotSmallerThanSequence) {
+TEST(TransformerLayer, RejectsWhatTheReferenceRejects) {
   std::unique_ptr<Backend> backend = make_cpu_backend();
   std::unique_ptr<Communicator> comm = make_single_communicator();
   ModuleContext ctx{backend.get(), comm.get(), 1, Mutation::kNone};
-  Options o = base();
-  o.window_left = 8;
-  o.window_right = 8;
-  TransformerLayer layer("", o, ctx);
-  TransformerLayer::Saved saved;
-  const Tensor x = testing::random_f64({6, 2, 16}, "x");
-  expect_contains(error_message([&] { layer.forward(x, saved); }),
-                  "window_size (8, 8) has a bound not smaller than the sequence length 6");
+  auto build = [&](const std::function<void(Options&)>& apply) {
+    Options o = base();
+    apply(o);
+    return error_message([&] { TransformerLayer layer("", o, ctx); });
+  };
+  const std::string pam_oln = build([](Options& o) {
+    o.parallel_attention_mlp = true;
+    o.output_layernorm = true;
+  });
+  expect_contains(pam_oln, "parallel_attention_mlp");
+  expect_contains(pam_oln, "output_layernorm");
+  const std::string pam_post = build([](Options& o) {
+    o.parallel_attention_mlp = true;
+    o.apply_residual_connection_post_layernorm = true;
+  });
+  expect_contains(pam_post, "parallel_attention_mlp");
+  expect_contains(pam_post, "apply_residual_connection_post_layernorm");
+  const std::string wgrad = build([](Options& o) { o.fuse_wgrad_accumulation = true; });
+  expect_contains(wgrad, "fuse_wgrad_accumulation");
+  expect_contains(wgrad, "fuse_qkv_params");
+  const std::string window = build([](Options& o) {
+    o.self_attn_mask_type = AttnMaskType::kNoMask;
+    o.window_left = -1;
+    o.window_right = 3;
+  });
+  expect_contains(window, "window_size (-1, 3) with self_attn_mask_type no_mask");
+  expect_contains(error_message([] {
+                    TransformerLayer::Options::from_json(nlohmann::json::parse(
+                        R"({"hidden_size": 16, "ffn_hidden_size": 8, "num_attention_heads": 4,
+                            "eps": 0.1})"));
+                  }),
+                  "unknown option eps");
 }
 
 TEST(TransformerLayer, ParameterNamesAndOrder) {

@@ -60,6 +60,8 @@ _NUMERICALLY_NEUTRAL = {
 # Documented defaults per layer (docs/LAYERS.md). Sizes have no default: they must be given.
 _LINEAR = {"bias": True, "return_bias": False, "init_method": "normal"}
 _NORM = {"zero_centered_gamma": False, "eps": LN_EPS}
+# MultiheadAttention and TransformerLayer spell the norm epsilon as the reference does.
+_NORM_LE = {"zero_centered_gamma": False, "layernorm_epsilon": LN_EPS}
 _DEFAULTS = {
     "Linear": {"in_features": None, "out_features": None, **_LINEAR},
     "LayerNorm": {"hidden_size": None, **_NORM},
@@ -94,11 +96,12 @@ _DEFAULTS = {
         "fuse_qkv_params": False,
         "qkv_weight_interleaved": True,
         "bias": True,
-        "input_layernorm": True,  # False inside a TransformerLayer with output_layernorm
+        "input_layernorm": False,  # the reference's default; TransformerLayer sets it
+        "return_bias": False,  # the reference's default; TransformerLayer sets it
         "return_layernorm_output": False,
         "init_method": "normal",
         "output_layer_init_method": "normal",
-        **_NORM,
+        **_NORM_LE,
     },
     "TransformerLayer": {
         "hidden_size": None,
@@ -117,7 +120,7 @@ _DEFAULTS = {
         "activation": "gelu",
         "init_method": "normal",
         "output_layer_init_method": "normal",
-        **_NORM,
+        **_NORM_LE,
     },
 }
 
@@ -140,7 +143,38 @@ def resolve_options(kind, options):
         raise ValueError(f"unknown activation {out['activation']!r}; expected {ACTIVATIONS}")
     if out.get("normalization", "LayerNorm") not in NORMALIZATIONS:
         raise ValueError(f"unknown normalization {out['normalization']!r}")
+    if "layernorm_epsilon" in out:
+        out["eps"] = out["layernorm_epsilon"]
+    if "window_size" in out:
+        out["window_size"] = normalize_window_size(out["self_attn_mask_type"],
+                                                   tuple(out["window_size"]))
+    if kind == "TransformerLayer":
+        if out["parallel_attention_mlp"] and out["output_layernorm"]:
+            raise ValueError("parallel_attention_mlp and output_layernorm cannot both be true")
+        if out["parallel_attention_mlp"] and out["apply_residual_connection_post_layernorm"]:
+            raise ValueError("parallel_attention_mlp and apply_residual_connection_post_layernorm"
+                             " cannot both be true")
+        if out["fuse_wgrad_accumulation"] and not out["fuse_qkv_params"]:
+            raise ValueError("fuse_wgrad_accumulation requires fuse_qkv_params")
     return out
+
+
+def normalize_window_size(mask_type, window):
+    """docs/LAYERS.md's window rule: causal (-1, -1) -> (-1, 0), (l >= 0, r) -> (l, 0),
+    (-1, 0) and (l >= 0, 0) kept, else rejected; no_mask (-1, 0) -> (-1, -1) (no mask),
+    (-1, -1) and (>= 0, >= 0) kept, a single -1 rejected."""
+    left, right = window
+    if mask_type == "causal":
+        if (left, right) == (-1, -1) or (left >= 0 and right != 0):
+            return (left, 0)
+        if (left == -1 or left >= 0) and right == 0:
+            return (left, right)
+        raise ValueError(f"window_size {window} is not allowed with causal")
+    if (left, right) == (-1, 0):
+        return (-1, -1)
+    if (left, right) == (-1, -1) or (left >= 0 and right >= 0):
+        return (left, right)
+    raise ValueError(f"window_size {window} is not allowed with no_mask")
 
 
 # ---- parameters ----------------------------------------------------------------------
@@ -201,10 +235,12 @@ def _attention_specs(prefix, o):
 def _attention_options(o):
     """The MultiheadAttention options a TransformerLayer's options imply."""
     keys = [k for k in _DEFAULTS["MultiheadAttention"]
-            if k not in ("input_layernorm", "return_layernorm_output")]
+            if k not in ("input_layernorm", "return_layernorm_output", "return_bias")]
     a = {k: o[k] for k in keys}
     a["input_layernorm"] = not o["output_layernorm"]
     a["return_layernorm_output"] = a["input_layernorm"]
+    a["return_bias"] = not o["parallel_attention_mlp"]
+    a["eps"] = o["layernorm_epsilon"]
     return a
 
 
@@ -212,8 +248,9 @@ def _mlp_options(o):
     """The LayerNormMLP options a TransformerLayer's options imply (its bias is returned
     to the parent, which adds it)."""
     keys = [k for k in _DEFAULTS["LayerNormMLP"]
-            if k not in ("return_bias", "return_layernorm_output")]
-    return {**{k: o[k] for k in keys}, "return_bias": True, "return_layernorm_output": True}
+            if k not in ("return_bias", "return_layernorm_output", "eps")]
+    return {**{k: o[k] for k in keys}, "eps": o["layernorm_epsilon"],
+            "return_bias": not o["parallel_attention_mlp"], "return_layernorm_output": True}
 
 
 def parameter_specs(kind, options):
@@ -295,10 +332,10 @@ def linear(x, w, b=None):
 
 
 def attention_mask(s, mask_type, window_size):
-    """[s_q, s_k] boolean: key j visible to query i. causal: j <= i and, with a window,
-    j >= i - left (the right bound is forced to 0: TransformerEngine's rule); no_mask:
+    """[s_q, s_k] boolean: key j visible to query i, for a window normalized by
+    normalize_window_size. causal: j <= i and, with a window, j >= i - left; no_mask:
     i - left <= j <= i + right, a negative bound unbounded."""
-    left, right = window_size
+    left, right = normalize_window_size(mask_type, tuple(window_size))
     i = jnp.arange(s)[:, None]
     j = jnp.arange(s)[None, :]
     if mask_type == "causal":
@@ -416,7 +453,7 @@ def forward(kind, options, params, x):
         return _returned(m, mb, ln, o["return_bias"], o["return_layernorm_output"])
     if kind == "MultiheadAttention":
         a, ab, ln = _attention(o, p, "", x)
-        return _returned(a, ab, ln, True, o["return_layernorm_output"])
+        return _returned(a, ab, ln, o["return_bias"], o["return_layernorm_output"])
     # TransformerLayer
     ao, mo = _attention_options(o), _mlp_options(o)
     a, ab, ln_a = _attention(ao, p, "self_attention.", x)
@@ -424,7 +461,7 @@ def forward(kind, options, params, x):
     if o["parallel_attention_mlp"]:
         m, mb, _ = _mlp(mo, p, "layernorm_mlp.", x)
         m_full = m if mb is None else m + mb
-        y = x + a_full + m_full
+        y = x + (a_full + m_full)
     else:
         # With output_layernorm the attention has no input norm, so there is no ln_a and
         # the residual is x (as in TransformerEngine).

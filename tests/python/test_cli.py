@@ -81,7 +81,9 @@ def test_linear_tp2_passes(cli):
     assert n == 32  # {column, row} × SP × 8 variants
     assert last_line(r.stdout) == f"{n} passed, 0 failed"
     cases = case_lines(r.stdout)
-    assert len(cases) == n and all(status == "PASS" for status, _ in cases)
+    # WARN is a pass with a warning: under the reference's loss a returned bias gets a zero
+    # gradient in every run (both all zero).
+    assert len(cases) == n and all(status in ("PASS", "WARN") for status, _ in cases)
 
 
 def test_mutation_fails_with_exit_1(cli):
@@ -95,7 +97,7 @@ def test_mutation_fails_with_exit_1(cli):
     cases = case_lines(r.stdout)
     assert sum(status == "FAIL" for status, _ in cases) == failed
     # The bug is in the row-parallel reduction: column-parallel cases are untouched.
-    assert all(status == "PASS" for status, cid in cases if ".column." in cid)
+    assert all(status in ("PASS", "WARN") for status, cid in cases if ".column." in cid)
 
 
 # ---- usage errors: exit 2, a message naming the value, nothing run --------------------
@@ -115,8 +117,8 @@ USAGE_ERRORS = [
                  ["--tp 3", "heads 4"], id="tp3-explicit-heads-only"),
     pytest.param(["--tp", "0"], ["--tp", "0"], id="tp0"),
     pytest.param(["--seq", "0"], ["--seq", "0"], id="seq0"),
-    # The window_size (2, 2) case needs a TransformerLayer sequence (tp·seq) above 2.
-    pytest.param(["--tp", "2", "--seq", "1"], ["--seq 1", "window_size"], id="seq-below-window"),
+    # (No "--seq too small for the window_size case" error: the reference ties no window
+    # bound to the sequence length, and neither does tpcheck.)
     pytest.param(["--tp", "four"], ["four"], id="tp-not-a-number"),
 ]
 

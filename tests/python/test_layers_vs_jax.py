@@ -125,7 +125,10 @@ def _cases():
         ("window_2_2_causal", {"window_size": [2, 2]}),
         ("window_2_2_no_mask", {"window_size": [2, 2], "self_attn_mask_type": "no_mask"}),
         ("window_1_3_no_mask", {"window_size": [1, 3], "self_attn_mask_type": "no_mask"}),
-        ("window_-1_1_no_mask", {"window_size": [-1, 1], "self_attn_mask_type": "no_mask"}),
+        ("window_-1_0_no_mask", {"window_size": [-1, 0], "self_attn_mask_type": "no_mask"}),
+        ("window_-1_-1_causal", {"window_size": [-1, -1]}),
+        ("window_1_3_causal", {"window_size": [1, 3]}),
+        ("window_2_7_no_mask", {"window_size": [2, 7], "self_attn_mask_type": "no_mask"}),
         ("RMSNorm", {"normalization": "RMSNorm"}),
         ("zero_centered_gamma", {"zero_centered_gamma": True}),
         ("RMSNorm_zero_centered_gamma", {"normalization": "RMSNorm", "zero_centered_gamma": True}),
@@ -142,8 +145,19 @@ def _cases():
         ("output_init_constant", {"output_layer_init_method": "constant"}),
         ("sequence_parallel", {"sequence_parallel": True}),
     ]
-    add("MultiheadAttention", {"hidden_size": HIDDEN, "num_attention_heads": HEADS}, SBH, [
+    # The reference's standalone defaults have no input norm and add the projection bias;
+    # most variants turn the input norm on to exercise it.
+    mha = {"hidden_size": HIDDEN, "num_attention_heads": HEADS}
+    cases.append(("MultiheadAttention-reference_defaults", "MultiheadAttention", dict(mha), SBH))
+    cases.append(("MultiheadAttention-return_bias", "MultiheadAttention",
+                  {**mha, "return_bias": True}, SBH))
+    cases.append(("MultiheadAttention-no_input_layernorm_fuse_qkv", "MultiheadAttention",
+                  {**mha, "fuse_qkv_params": True}, SBH))
+    cases.append(("MultiheadAttention-layernorm_epsilon", "MultiheadAttention",
+                  {**mha, "input_layernorm": True, "layernorm_epsilon": 1e-3}, SBH))
+    add("MultiheadAttention", {**mha, "input_layernorm": True}, SBH, [
         *attention_variants,
+        ("return_bias", {"return_bias": True}),
         ("return_layernorm_output", {"return_layernorm_output": True}),
         ("RMSNorm_return_layernorm_output",
          {"normalization": "RMSNorm", "return_layernorm_output": True}),
@@ -160,14 +174,12 @@ def _cases():
         ("output_layernorm_post_layernorm",
          {"output_layernorm": True, "apply_residual_connection_post_layernorm": True}),
         ("parallel_attention_mlp", {"parallel_attention_mlp": True}),
-        ("parallel_attention_mlp_output_layernorm",
-         {"parallel_attention_mlp": True, "output_layernorm": True}),
         ("parallel_attention_mlp_bias_off", {"parallel_attention_mlp": True, "bias": False}),
+        ("layernorm_epsilon", {"layernorm_epsilon": 1e-3}),
         ("post_layernorm_RMSNorm_zero_centered_gamma",
          {"apply_residual_connection_post_layernorm": True, "normalization": "RMSNorm",
           "zero_centered_gamma": True}),
         *[(f"act_{a}", {"activation": a}) for a in jl.ACTIVATIONS if a != "gelu"],
-        ("fuse_wgrad_accumulation", {"fuse_wgrad_accumulation": True}),
         ("fuse_qkv_fuse_wgrad_accumulation",
          {"fuse_qkv_params": True, "fuse_wgrad_accumulation": True}),
     ])
@@ -411,7 +423,8 @@ def test_reference_fused_qkv_layouts_equal_separate_weights(interleaved):
     heads, g, hidden = 4, 2, 8
     d = hidden // heads
     rng = np.random.default_rng(5)
-    base = {"hidden_size": hidden, "num_attention_heads": heads, "num_gqa_groups": g}
+    base = {"hidden_size": hidden, "num_attention_heads": heads, "num_gqa_groups": g,
+            "input_layernorm": True}
     sep = _random_params("MultiheadAttention", base, rng)
     fused_opts = {**base, "fuse_qkv_params": True, "qkv_weight_interleaved": interleaved}
     prefix = "layernorm_qkv."
@@ -426,16 +439,54 @@ def test_reference_fused_qkv_layouts_equal_separate_weights(interleaved):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-14)
 
 
+# ---- configurations the reference rejects ----------------------------------------------
+
+TL = {"hidden_size": HIDDEN, "ffn_hidden_size": FFN, "num_attention_heads": HEADS}
+
+
+@pytest.mark.parametrize("kind,options,names", [
+    ("TransformerLayer", {**TL, "parallel_attention_mlp": True, "output_layernorm": True},
+     ["parallel_attention_mlp", "output_layernorm"]),
+    ("TransformerLayer", {**TL, "parallel_attention_mlp": True,
+                          "apply_residual_connection_post_layernorm": True},
+     ["parallel_attention_mlp", "apply_residual_connection_post_layernorm"]),
+    ("TransformerLayer", {**TL, "fuse_wgrad_accumulation": True},
+     ["fuse_wgrad_accumulation", "fuse_qkv_params"]),
+    ("TransformerLayer", {**TL, "self_attn_mask_type": "no_mask", "window_size": [-1, 1]},
+     ["window_size", "no_mask"]),
+    ("TransformerLayer", {**TL, "self_attn_mask_type": "no_mask", "window_size": [3, -1]},
+     ["window_size", "no_mask"]),
+    ("MultiheadAttention", {"hidden_size": HIDDEN, "num_attention_heads": HEADS,
+                            "window_size": [-1, 2]}, ["window_size", "causal"]),
+    ("LayerNormLinear", {"in_features": HIDDEN, "out_features": FFN, "parallel_mode": "row"},
+     ["parallel_mode", "row"]),
+])
+def test_rejected_configuration_is_an_input_error(kind, options, names, tmp_path):
+    """tpcheck rejects what the reference rejects: exit 2, naming both options; the JAX
+    reference rejects it too."""
+    cmd = [_layer_dump(), "--kind", kind, "--options", json.dumps(options), "--input-shape",
+           ",".join(map(str, SBH)), "--seed", str(SEED), "--out", str(tmp_path / "x")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for name in names:
+        assert name in proc.stderr, (name, proc.stderr)
+    if kind != "LayerNormLinear":
+        with pytest.raises(ValueError):
+            jl.resolve_options(kind, options)
+
+
 @pytest.mark.parametrize("mask_type,window", [
-    ("causal", (-1, -1)), ("causal", (2, 2)), ("causal", (0, 3)), ("no_mask", (-1, -1)),
-    ("no_mask", (2, 2)), ("no_mask", (-1, 1)), ("no_mask", (3, -1)),
+    ("causal", (-1, -1)), ("causal", (2, 2)), ("causal", (0, 3)), ("causal", (-1, 0)),
+    ("no_mask", (-1, -1)), ("no_mask", (2, 2)), ("no_mask", (-1, 0)), ("no_mask", (0, 3)),
 ])
 def test_reference_attention_mask_follows_the_doc(mask_type, window):
     s = 6
     got = np.asarray(jl.attention_mask(s, mask_type, window))
     left, right = window
     if mask_type == "causal":
-        right = 0  # TransformerEngine's rule
+        right = 0  # TransformerEngine's rule: (l, r) -> (l, 0), (-1, -1) -> (-1, 0)
+    elif (left, right) == (-1, 0):
+        right = -1  # no_mask with (-1, 0): no mask at all
     for i in range(s):
         for j in range(s):
             visible = (left < 0 or j >= i - left) and (right < 0 or j <= i + right)

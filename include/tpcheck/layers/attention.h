@@ -13,13 +13,13 @@
 //   proj.weight [hidden, heads·d] (row parallel), proj.bias [hidden] (replicated).
 // where <qkv> is `layernorm_qkv` with the input norm and `qkv` without.
 //
-// Built from the generic layers: the fused QKV projection is a column-parallel
-// LayerNormLinear (or Linear) whose weight shard blocks give the layout above; the
-// separate one is a LayerNorm and three column-parallel Linears; the output projection
-// is a row-parallel Linear with return_bias (the bias is always returned, never added:
-// the parent adds it). This class owns only the head split and the attention core.
-// GEMM sites: `attn.qkv` (fused) or `attn.query`, `attn.key`, `attn.value` (separate),
-// and `attn.proj`.
+// Built from the generic layers: the QKV projection is one column-parallel
+// LayerNormLinear (or Linear) either way — fused: one parameter whose shard blocks give
+// the layout above; separate: the three parameters of Linear's parameters_split, run as
+// one GEMM over their concatenated local shards [q; k; v], as the reference does. The
+// output projection is a row-parallel Linear; with return_bias its bias is returned (the
+// parent adds it), else added after the reduction. This class owns only the head split
+// and the attention core. GEMM sites: `attn.qkv`, `attn.proj`.
 //
 // Tensor parallelism: each rank holds heads/N query heads and g/N key/value groups
 // (query head i of a rank uses its local group i / (heads/g)). Sequence parallel: the
@@ -47,6 +47,17 @@ enum class AttnMaskType { kCausal, kNoMask };
 std::string_view attn_mask_type_name(AttnMaskType t);      // "causal", "no_mask"
 AttnMaskType parse_attn_mask_type(std::string_view name);  // throws Error(kInput)
 
+// Reads the "window_size" key ([left, right] integers) of `j` into left/right when present
+// and returns `j` without it (OptionReader reads scalars only). Throws Error(kInput) on a
+// malformed value, naming `layer`.
+nlohmann::json take_window_size(const nlohmann::json& j, std::string_view layer,
+                                std::int64_t& left, std::int64_t& right);
+// The reference's window rule (check_set_window_size): causal: (-1, -1) → (-1, 0),
+// (l >= 0, r) → (l, 0), (-1, 0) and (l >= 0, 0) kept, anything else rejected; no_mask:
+// (-1, 0) → (-1, -1) (no mask), (-1, -1) and (>= 0, >= 0) kept, a single -1 rejected.
+// Throws Error(kInput) naming the window and the mask type.
+void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& right);
+
 class MultiheadAttention {
  public:
   struct Options {
@@ -54,10 +65,12 @@ class MultiheadAttention {
     std::int64_t num_attention_heads = 0;  // required (> 0), divides hidden_size
     std::int64_t num_gqa_groups = 0;       // 0: = num_attention_heads; divides the heads
     AttnMaskType attn_mask_type = AttnMaskType::kCausal;
-    // (left, right); -1 is unbounded. With causal the right bound is 0 (TE's rule).
+      // (left, right); -1 is unbounded. Normalized by normalize_window_size.
     std::int64_t window_left = -1;
     std::int64_t window_right = -1;
-    bool input_layernorm = true;           // false under the parent's output_layernorm
+    bool input_layernorm = false;          // the reference's default; TransformerLayer: true
+                                           // unless output_layernorm
+    bool return_bias = false;              // TransformerLayer: true unless parallel_attention_mlp
     bool return_layernorm_output = false;  // returns ln (the local slice under SP)
     NormKind normalization = NormKind::kLayerNorm;
     bool zero_centered_gamma = false;
@@ -78,7 +91,8 @@ class MultiheadAttention {
 
     // Keys: hidden_size, num_attention_heads, num_gqa_groups, self_attn_mask_type (or TE's
     // MultiheadAttention name attn_mask_type; "causal"|"no_mask"), window_size ([l, r]),
-    // input_layernorm, return_layernorm_output, normalization, zero_centered_gamma, eps,
+    // input_layernorm, return_bias, return_layernorm_output, normalization,
+    // zero_centered_gamma, layernorm_epsilon,
     // fuse_qkv_params, qkv_weight_interleaved, bias, init_method, output_layer_init_method
     // ("normal"|"constant"), fuse_wgrad_accumulation, sequence_parallel, params_dtype.
     // Throws Error(kInput) on an unknown key or a bad value (naming it).
@@ -90,10 +104,8 @@ class MultiheadAttention {
 
   struct Saved {
     std::int64_t seq = 0;             // full sequence length (after the SP gather)
-    LayerNormLinear::Saved fused_ln;  // fused, with input norm
-    Linear::Saved fused;              // fused, without input norm
-    LayerNorm::Saved norm;            // separate, with input norm
-    Linear::Saved query, key, value;  // separate
+    LayerNormLinear::Saved qkv_ln;    // with input norm
+    Linear::Saved qkv;                // without input norm
     Tensor q, k, v;                   // [s, b, heads/N, d], [s, b, g/N, d] x2
     AttentionForward attention;
     Linear::Saved proj;
@@ -106,12 +118,11 @@ class MultiheadAttention {
   ~MultiheadAttention();
   MultiheadAttention(MultiheadAttention&&) noexcept;
 
-  // x: [s, b, hidden] (SP: [s/N, b, hidden]). Returns output (projection, reduced, bias
-  // not added) of x's shape, bias = proj.bias (when bias), layernorm_output (when asked).
-  // Throws Error(kInput) when a window bound is not smaller than s.
+  // x: [s, b, hidden] (SP: [s/N, b, hidden]). Returns output (projection, reduced; the
+  // bias added after the reduction unless returned) of x's shape, bias = proj.bias (with
+  // bias and return_bias), layernorm_output (when asked).
   LayerOutputs forward(const Tensor& x, Saved& saved);
-  // grads.output like the output; grads.bias the gradient of the returned bias (a partial
-  // sum over the local tokens under SP: the projection all-reduces it);
+  // grads.output like the output; grads.bias the gradient of the returned bias (whole);
   // grads.layernorm_output when it was returned. Returns dx.
   Tensor backward(const OutputGrads& grads, Saved& saved);
   void backward_dw(Saved& saved) {}  // no delayed weight gradients here
@@ -132,12 +143,9 @@ class MultiheadAttention {
   std::string prefix_;
   std::int64_t local_heads_ = 0;
   std::int64_t local_groups_ = 0;
-  // Exactly one QKV form exists: fused_ln_ (fused + norm), fused_ (fused, no norm), or
-  // norm_ (optional) + query_/key_/value_ (separate).
-  std::unique_ptr<LayerNormLinear> fused_ln_;
-  std::unique_ptr<Linear> fused_;
-  std::unique_ptr<LayerNorm> norm_;
-  std::unique_ptr<Linear> query_, key_, value_;
+  // Exactly one exists: qkv_ln_ (with the input norm) or qkv_ (without).
+  std::unique_ptr<LayerNormLinear> qkv_ln_;
+  std::unique_ptr<Linear> qkv_;
   std::unique_ptr<Linear> proj_;
 };
 

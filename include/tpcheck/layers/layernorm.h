@@ -30,7 +30,7 @@ class LayerNorm {
     bool sequence_parallel = false;
     DType params_dtype = DType::kF32;
 
-    // Keys: hidden_size, normalization ("LayerNorm"|"RMSNorm"), eps, zero_centered_gamma,
+    // Keys: normalized_shape (the reference's name; hidden_size is an alias), normalization ("LayerNorm"|"RMSNorm"), eps, zero_centered_gamma,
     // sequence_parallel, params_dtype. Throws Error(kInput) on an unknown key or bad value.
     static Options from_json(const nlohmann::json& j);
   };

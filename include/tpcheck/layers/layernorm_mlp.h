@@ -7,6 +7,10 @@
 // With a TP group of N > 1, fc1 is column-parallel (gated: the a and b halves sharded
 // separately, blocks {ffn, ffn}) and fc2 row-parallel; fc2_bias is replicated and
 // added after the reduction (or returned with return_bias).
+// Rounding points (the reference's full-precision defaults): gelu — fc1 GEMM without
+// bias, rounded; then bias + gelu in f32, rounded once (backward: gelu'(h + b)·da in f32,
+// rounded once; fc1_bias gradient summed from the unrounded values). Other activations —
+// fc1 bias in the GEMM epilogue (one rounding), then the activation (another).
 // checkpoint: forward keeps only its input; backward first recomputes norm, fc1 and the
 // activation (fc2's forward output is not needed by backward, so it is not recomputed).
 // Composition: LayerNorm (`<prefix>layer_norm_`), Linear fc1 (`<prefix>fc1_`), Linear
@@ -58,7 +62,9 @@ class LayerNormMLP {
     Tensor input;  // x as given (all that checkpoint keeps)
     LayerNorm::Saved norm;
     Linear::Saved fc1;
-    Tensor fc1_output;  // h = ln fc1ᵀ + fc1_b, local [T, ffn/N] (gated: 2·ffn/N)
+    Tensor fc1_output;  // h = ln fc1ᵀ + fc1_b, local [T, ffn/N] (gated: 2·ffn/N);
+                        // gelu: ln fc1ᵀ only (the bias is added with the activation)
+    Tensor fc1_bias;    // gelu with bias: fc1's local bias, added in the fused bias + gelu
     Linear::Saved fc2;  // input = act(h)
   };
 

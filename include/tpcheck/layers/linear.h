@@ -3,6 +3,15 @@
 // The contract is docs/LAYERS.md ("Linear"). Parameters, in order: `<prefix>weight`
 // [out, in], `<prefix>bias` [out] (when `bias`). GEMM sites `<site>/fwd`, `<site>/dgrad`,
 // `<site>/wgrad`.
+// With `parameters_split` (TransformerEngine's argument of that name) the weight and bias
+// are held as several parameters — `<prefix><name>_weight` for each split, then
+// `<prefix><name>_bias` for each — each sharded along dim 0 on its own, and every pass
+// still runs one GEMM over their concatenated local shards (weight [Σ local rows, in]),
+// as the reference does for attention's separate Q, K, V.
+//
+// Rounding points (as the reference): an unsharded or column-parallel bias that is added
+// is applied in the forward GEMM's epilogue (one rounding of x·Wᵀ + b, cuBLASLt's BIAS);
+// a row-parallel bias is added after the reduction (its own rounding).
 //
 //   mode    weight shard  bias shard        local input                 output layout
 //   none    replicated    replicated        x                           replicated
@@ -50,6 +59,14 @@ class Linear {
     // bias), for fused weights whose parts are sharded separately (gated fc1 {ffn, ffn},
     // non-interleaved QKV {heads·d, g·d, g·d}). Empty: one block.
     std::vector<std::int64_t> weight_blocks;
+    // Not a JSON key: the weight (and bias) held as one parameter per entry {name, rows},
+    // rows summing to out_features, each sharded along dim 0 (column mode) or replicated
+    // (none). Empty: one `weight` and one `bias`. Excludes weight_blocks.
+    struct Split {
+      std::string name;
+      std::int64_t rows = 0;
+    };
+    std::vector<Split> parameters_split;
 
     // Keys: in_features, out_features, bias, return_bias, parallel_mode
     // ("none"|"column"|"row"), sequence_parallel, init_method ("normal"|"constant"),
@@ -91,8 +108,8 @@ class Linear {
   void save_input(const Tensor& x, Saved& saved);
 
   std::vector<Parameter*> parameters();
-  Parameter& weight() { return weight_; }
-  Parameter* bias_parameter() { return options_.bias ? &bias_ : nullptr; }
+  // The (first) weight parameter; the only one without parameters_split.
+  Parameter& weight() { return weights_.front(); }
   const Options& options() const { return options_; }
   // Layouts for an input / output of rank `rank` (2 for [T, features]).
   ShardSpec input_layout(int rank = 2) const;
@@ -108,11 +125,20 @@ class Linear {
   std::int64_t local_in() const;
   std::int64_t local_out() const;
   bool column_sp() const;
+  // This rank's weight [out_local, in_local] (bias [out_local]) as the GEMMs use it: the
+  // one parameter, or the concatenation of the split parameters' local shards.
+  Tensor local_weight() const;
+  Tensor local_bias() const;
+  // Adds `sum` ([out_local, ...], concatenated like local_weight()) into the parameters'
+  // gradient buffers: main_grad (fuse_wgrad_accumulation, weights only) or grad.
+  enum class GradTarget { kWeight, kBias };
+  Tensor gradient_buffer(GradTarget which);
+  void store_gradient_buffer(GradTarget which, const Tensor& buffer);
 
   Options options_;
   ModuleContext ctx_;
-  Parameter weight_;
-  Parameter bias_;
+  std::vector<Parameter> weights_;  // one, or one per split
+  std::vector<Parameter> biases_;   // empty without bias
 };
 
 }  // namespace tpcheck

@@ -3,7 +3,7 @@
 //
 // docs/LAYERS.md ("TransformerLayer") is the contract:
 //   a, a_b, ln_a = attention(x)
-//   parallel_attention_mlp:  m, m_b = mlp(x);  y = x + (a + a_b) + (m + m_b)
+//   parallel_attention_mlp:  m, m_b = mlp(x);  y = x + ((a + a_b) + (m + m_b))
 //   otherwise:               r1 = ln_a if apply_residual_connection_post_layernorm else x
 //                            h = (a + a_b) + r1;  m, m_b, ln_m = mlp(h)
 //                            r2 = ln_m if apply_residual_connection_post_layernorm else h
@@ -14,7 +14,8 @@
 // `<prefix>layernorm_mlp.*` (LayerNormMLP), `<prefix>layernorm.weight`,
 // `<prefix>layernorm.bias` (output_layernorm; bias for LayerNorm only).
 // Activations are [s, b, hidden] (SP: [s/N, b, hidden]); every addition happens after the
-// row-parallel reductions, on full (or SP-local) tensors. Under SP the gradients of the
+// row-parallel reductions, on full (or SP-local) tensors. Each residual addition is the
+// reference's fused bias_dropout_add: residual + (out + bias) formed in f32, rounded once. Under SP the gradients of the
 // returned biases (attention proj.bias, fc2_bias) are partial sums over the local tokens
 // and are all-reduced here.
 // Mutation::kResidualBeforeReduce (sharded runs only): every rank adds the residual to its
@@ -53,7 +54,7 @@ class TransformerLayer {
     bool parallel_attention_mlp = false;
     NormKind normalization = NormKind::kLayerNorm;
     bool zero_centered_gamma = false;
-    double eps = kNormEps;
+    double eps = kNormEps;  // JSON key layernorm_epsilon
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
     bool bias = true;
@@ -67,11 +68,15 @@ class TransformerLayer {
     // Keys: hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups,
     // self_attn_mask_type ("causal"|"no_mask"), window_size ([l, r]),
     // apply_residual_connection_post_layernorm, output_layernorm, parallel_attention_mlp,
-    // normalization, zero_centered_gamma, eps, fuse_qkv_params, qkv_weight_interleaved,
+    // normalization, zero_centered_gamma, layernorm_epsilon, fuse_qkv_params, qkv_weight_interleaved,
     // bias, activation, init_method, output_layer_init_method, fuse_wgrad_accumulation,
     // sequence_parallel, params_dtype. Throws Error(kInput) on an unknown key or a bad
     // value (naming it).
     static Options from_json(const nlohmann::json& j);
+    // The reference's rules: parallel_attention_mlp excludes output_layernorm and
+    // apply_residual_connection_post_layernorm; fuse_wgrad_accumulation requires
+    // fuse_qkv_params. Throws Error(kInput) naming both options.
+    void validate() const;
     // The attention's options for these.
     MultiheadAttention::Options attention() const;
     LayerNormMLP::Options mlp() const;
@@ -87,8 +92,7 @@ class TransformerLayer {
   // Throws Error(kInput) on inconsistent sizes (see MultiheadAttention, LayerNormMLP).
   TransformerLayer(std::string prefix, Options options, const ModuleContext& ctx);
 
-  // x: [s, b, hidden] (SP: [s/N, b, hidden]); output the same shape. Throws
-  // Error(kInput) when a window bound is not smaller than s.
+  // x: [s, b, hidden] (SP: [s/N, b, hidden]); output the same shape.
   LayerOutputs forward(const Tensor& x, Saved& saved);
   Tensor backward(const OutputGrads& grads, Saved& saved);
   void backward_dw(Saved& saved) {}  // no delayed weight gradients here
