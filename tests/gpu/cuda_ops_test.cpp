@@ -42,8 +42,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -113,9 +113,8 @@ std::string g_worst_what;
 ::testing::AssertionResult same_bits(const Tensor& got, const Tensor& want) {
   if (got.device() != Device::kCuda) return ::testing::AssertionFailure() << "not a GPU tensor";
   if (bitwise_equal(got.to_host(), want)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << got.describe() << " differs from " << want.describe()
-         << " (relative error " << rel_error(got, want) << ")";
+  return ::testing::AssertionFailure() << got.describe() << " differs from " << want.describe()
+                                       << " (relative error " << rel_error(got, want) << ")";
 }
 
 std::string label(std::string_view what, const Shape& shape, DType dtype, std::uint64_t seed) {
@@ -172,8 +171,8 @@ TEST_F(CudaOps, AddBiasMatchesCpuBitForBit) {
   for (const Case& c : cases) {
     for (const Shape& shape : {Shape{37, 200}, Shape{3, 37, 4096}, Shape{5, 1}}) {
       for (std::uint64_t seed : kSeeds) {
-        const std::string what = label("add_bias", shape, c.y, seed) + " bias " +
-                                 std::string(dtype_name(c.bias));
+        const std::string what =
+            label("add_bias", shape, c.y, seed) + " bias " + std::string(dtype_name(c.bias));
         Tensor y = random(shape, c.y, "y", seed, 0.0, 2.0);
         const Tensor bias = random({shape.back()}, c.bias, "bias", seed);
         Tensor y_gpu = on_gpu(y);
@@ -254,7 +253,8 @@ TEST_F(CudaOps, NormForwardAndBackwardMatchCpu) {
               const bool ln = kind == NormKind::kLayerNorm;
 
               // Forward.
-              const NormForward want = cpu_->norm_forward(kind, in.x, in.gamma, in.beta, kNormEps, zc);
+              const NormForward want =
+                  cpu_->norm_forward(kind, in.x, in.gamma, in.beta, kNormEps, zc);
               const NormForward got = gpu_->norm_forward(kind, on_gpu(in.x), on_gpu(in.gamma),
                                                          on_gpu(in.beta), kNormEps, zc);
               const double k_row = 2.0 * n + 32;
@@ -273,9 +273,9 @@ TEST_F(CudaOps, NormForwardAndBackwardMatchCpu) {
               saved_gpu.mean = on_gpu(want.mean);
               saved_gpu.rstd = on_gpu(want.rstd);
               Tensor dgamma_gpu = on_gpu(in.dgamma), dbeta_gpu = on_gpu(in.dbeta);
-              const Tensor dx_gpu = gpu_->norm_backward(kind, on_gpu(in.dy), on_gpu(in.x),
-                                                        on_gpu(in.gamma), saved_gpu, zc,
-                                                        dgamma_gpu, dbeta_gpu);
+              const Tensor dx_gpu =
+                  gpu_->norm_backward(kind, on_gpu(in.dy), on_gpu(in.x), on_gpu(in.gamma),
+                                      saved_gpu, zc, dgamma_gpu, dbeta_gpu);
               const Tensor dx =
                   cpu_->norm_backward(kind, in.dy, in.x, in.gamma, want, zc, in.dgamma, in.dbeta);
               EXPECT_TRUE(within(rel_error(dx_gpu, dx), bound(dtype, math, k_row), what + " dx"));
@@ -300,18 +300,18 @@ TEST_F(CudaOps, NormParameterGradientsAccumulate) {
   const Shape shape{37, 200};
   for (DType dtype : {DType::kF64, DType::kF32}) {
     NormInputs in = norm_inputs(NormKind::kLayerNorm, shape, dtype, dtype, false, 5);
-    const NormForward f = cpu_->norm_forward(NormKind::kLayerNorm, in.x, in.gamma, in.beta,
-                                             kNormEps, false);
+    const NormForward f =
+        cpu_->norm_forward(NormKind::kLayerNorm, in.x, in.gamma, in.beta, kNormEps, false);
     NormForward f_gpu;
     f_gpu.mean = on_gpu(f.mean);
     f_gpu.rstd = on_gpu(f.rstd);
     Tensor dgamma_gpu = on_gpu(in.dgamma), dbeta_gpu = on_gpu(in.dbeta);
     Tensor no_dbeta;
-    gpu_->norm_backward(NormKind::kLayerNorm, on_gpu(in.dy), on_gpu(in.x), on_gpu(in.gamma),
-                        f_gpu, false, dgamma_gpu, dbeta_gpu);
+    gpu_->norm_backward(NormKind::kLayerNorm, on_gpu(in.dy), on_gpu(in.x), on_gpu(in.gamma), f_gpu,
+                        false, dgamma_gpu, dbeta_gpu);
     const Tensor once = dgamma_gpu.to_host();
-    gpu_->norm_backward(NormKind::kLayerNorm, on_gpu(in.dy), on_gpu(in.x), on_gpu(in.gamma),
-                        f_gpu, false, dgamma_gpu, no_dbeta);
+    gpu_->norm_backward(NormKind::kLayerNorm, on_gpu(in.dy), on_gpu(in.x), on_gpu(in.gamma), f_gpu,
+                        false, dgamma_gpu, no_dbeta);
     for (int i = 0; i < 2; ++i) {
       cpu_->norm_backward(NormKind::kLayerNorm, in.dy, in.x, in.gamma, f, false, in.dgamma,
                           i == 0 ? in.dbeta : no_dbeta);
@@ -376,8 +376,8 @@ TEST_F(CudaOps, ElementwiseOpsMatchCpu) {
   for (const Case& c : cases) {
     for (const Shape& shape : {Shape{37, 200}, Shape{3, 37, 4096}, Shape{1}}) {
       for (std::uint64_t seed : kSeeds) {
-        const std::string what = label("elementwise", shape, c.a, seed) + " and " +
-                                 std::string(dtype_name(c.b));
+        const std::string what =
+            label("elementwise", shape, c.a, seed) + " and " + std::string(dtype_name(c.b));
         const Tensor a = random(shape, c.a, "a", seed);
         const Tensor b = random(shape, c.b, "b", seed, 0.5, 1.0);
         const Tensor a_gpu = on_gpu(a), b_gpu = on_gpu(b);
@@ -391,7 +391,8 @@ TEST_F(CudaOps, ElementwiseOpsMatchCpu) {
         EXPECT_TRUE(same_bits(into_gpu, into)) << what << " accumulate";
 
         for (double s : {0.37, -3.0, 1.0 / 3.0}) {
-          EXPECT_TRUE(same_bits(gpu_->scale(a_gpu, s), cpu_->scale(a, s))) << what << " scale " << s;
+          EXPECT_TRUE(same_bits(gpu_->scale(a_gpu, s), cpu_->scale(a, s)))
+              << what << " scale " << s;
         }
 
         // mse: y = a, target = b (any dtype). The loss is f64 math whatever the storage.
@@ -425,8 +426,8 @@ TEST_F(CudaOps, ReductionsAreBitReproducible) {
     EXPECT_TRUE(same_bits(db1, db2.to_host())) << dtype_name(dtype) << " bias grad";
 
     for (NormKind kind : {NormKind::kLayerNorm, NormKind::kRMSNorm}) {
-      const std::string what = std::string(norm_kind_name(kind)) + " " +
-                               std::string(dtype_name(dtype));
+      const std::string what =
+          std::string(norm_kind_name(kind)) + " " + std::string(dtype_name(dtype));
       const NormForward f1 = gpu_->norm_forward(kind, x, gamma, beta, kNormEps, false);
       const NormForward f2 = gpu_->norm_forward(kind, x, gamma, beta, kNormEps, false);
       EXPECT_TRUE(same_bits(f1.y, f2.y.to_host())) << what << " y";
@@ -460,7 +461,8 @@ TEST_F(CudaOps, DISABLED_Throughput) {
   const DType dtype = DType::kBF16;
   const double bytes = static_cast<double>(shape_numel(shape)) * dtype_size(dtype);
   const Tensor x = on_gpu(random(shape, dtype, "x", 1)), dy = on_gpu(random(shape, dtype, "dy", 1));
-  const Tensor gamma = on_gpu(random({n}, dtype, "g", 1, 1.0, 0.3)), beta = on_gpu(random({n}, dtype, "b", 1));
+  const Tensor gamma = on_gpu(random({n}, dtype, "g", 1, 1.0, 0.3)),
+               beta = on_gpu(random({n}, dtype, "b", 1));
   Tensor dgamma = on_gpu(random({n}, dtype, "dg", 1)), dbeta = dgamma.clone();
   const Tensor x2 = on_gpu(random({16384, 2 * 8192}, dtype, "x2", 1));
   NormForward f;
@@ -480,9 +482,8 @@ TEST_F(CudaOps, DISABLED_Throughput) {
   time("accumulate_bias_grad", bytes, [&] { gpu_->accumulate_bias_grad(dy, dbeta); });
   time("layernorm forward", 2 * bytes,
        [&] { f = gpu_->norm_forward(NormKind::kLayerNorm, x, gamma, beta, 1e-5, false); });
-  time("layernorm backward", 3 * bytes, [&] {
-    gpu_->norm_backward(NormKind::kLayerNorm, dy, x, gamma, f, false, dgamma, dbeta);
-  });
+  time("layernorm backward", 3 * bytes,
+       [&] { gpu_->norm_backward(NormKind::kLayerNorm, dy, x, gamma, f, false, dgamma, dbeta); });
   time("rmsnorm forward", 2 * bytes,
        [&] { f = gpu_->norm_forward(NormKind::kRMSNorm, x, gamma, Tensor(), 1e-5, false); });
   time("gelu forward", 2 * bytes, [&] { gpu_->activation_forward(Activation::kGelu, x); });
@@ -505,9 +506,24 @@ TEST_F(CudaOps, RejectsCpuTensorsAndBadShapes) {
   const std::string host = "the CUDA backend was given";
 
   // A CPU tensor, as either operand.
-  expect_input_error([&] { Tensor y = x_cpu.clone(); gpu_->add_bias(y, v); }, host);
-  expect_input_error([&] { Tensor y = x.clone(); gpu_->add_bias(y, v_cpu); }, host);
-  expect_input_error([&] { Tensor d = v.clone(); gpu_->accumulate_bias_grad(x_cpu, d); }, host);
+  expect_input_error(
+      [&] {
+        Tensor y = x_cpu.clone();
+        gpu_->add_bias(y, v);
+      },
+      host);
+  expect_input_error(
+      [&] {
+        Tensor y = x.clone();
+        gpu_->add_bias(y, v_cpu);
+      },
+      host);
+  expect_input_error(
+      [&] {
+        Tensor d = v.clone();
+        gpu_->accumulate_bias_grad(x_cpu, d);
+      },
+      host);
   expect_input_error(
       [&] { gpu_->norm_forward(NormKind::kLayerNorm, x_cpu, v, v, kNormEps, false); }, host);
   expect_input_error(
@@ -515,35 +531,53 @@ TEST_F(CudaOps, RejectsCpuTensorsAndBadShapes) {
   expect_input_error([&] { gpu_->activation_forward(Activation::kGelu, x_cpu); }, host);
   expect_input_error([&] { gpu_->activation_backward(Activation::kRelu, x_cpu, x); }, host);
   expect_input_error([&] { gpu_->add(x, x_cpu); }, host);
-  expect_input_error([&] { Tensor t = x.clone(); gpu_->accumulate(t, x_cpu); }, host);
+  expect_input_error(
+      [&] {
+        Tensor t = x.clone();
+        gpu_->accumulate(t, x_cpu);
+      },
+      host);
   expect_input_error([&] { gpu_->scale(x_cpu, 2.0); }, host);
   expect_input_error([&] { gpu_->mse_loss(x_cpu, x); }, host);
   expect_input_error([&] { gpu_->mse_loss_backward(x, x_cpu); }, host);
 
   // Bad shapes, with the CPU backend's messages.
-  expect_input_error([&] { Tensor y = x.clone(); gpu_->add_bias(y, v_bad); },
-                     "expected a bias of shape [8]");
-  expect_input_error([&] { Tensor d = v_bad.clone(); gpu_->accumulate_bias_grad(x, d); },
-                     "expected a bias of shape [8]");
+  expect_input_error(
+      [&] {
+        Tensor y = x.clone();
+        gpu_->add_bias(y, v_bad);
+      },
+      "expected a bias of shape [8]");
+  expect_input_error(
+      [&] {
+        Tensor d = v_bad.clone();
+        gpu_->accumulate_bias_grad(x, d);
+      },
+      "expected a bias of shape [8]");
   expect_input_error(
       [&] { gpu_->norm_forward(NormKind::kLayerNorm, x, v_bad, v, kNormEps, false); },
       "expected gamma of shape [8]");
   expect_input_error(
       [&] {
-        const NormForward f = gpu_->norm_forward(NormKind::kRMSNorm, x, v, Tensor(), kNormEps, false);
+        const NormForward f =
+            gpu_->norm_forward(NormKind::kRMSNorm, x, v, Tensor(), kNormEps, false);
         Tensor dg = v.clone(), db;
         gpu_->norm_backward(NormKind::kRMSNorm, on_gpu(random({4, 9}, DType::kF32, "dy", 1)), x, v,
                             f, false, dg, db);
       },
       "expected the same shape");
   expect_input_error(
-      [&] { gpu_->activation_forward(Activation::kSwiglu, on_gpu(random({4, 7}, DType::kF32, "x", 1))); },
+      [&] {
+        gpu_->activation_forward(Activation::kSwiglu, on_gpu(random({4, 7}, DType::kF32, "x", 1)));
+      },
       "must be even");
+  expect_input_error([&] { gpu_->activation_backward(Activation::kGeglu, x, x); },
+                     "dy must have the output's shape [4, 4]");
   expect_input_error(
-      [&] { gpu_->activation_backward(Activation::kGeglu, x, x); },
-      "dy must have the output's shape [4, 4]");
-  expect_input_error([&] { gpu_->add(x, on_gpu(random({8, 4}, DType::kF32, "y", 1))); },
-                     "shapes differ");
+      [&] {
+        gpu_->add(x, on_gpu(random({8, 4}, DType::kF32, "y", 1)));
+      },
+      "shapes differ");
   expect_input_error([&] { gpu_->mse_loss(x, v); }, "shapes differ");
   // A dtype the kernels do not take.
   expect_input_error([&] { gpu_->scale(x.to(DType::kF8E4M3), 2.0); }, "f8e4m3");

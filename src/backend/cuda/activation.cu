@@ -134,8 +134,8 @@ __global__ void gated_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
 // y = act(a) · b:  da = dy · act'(a) · b,  db = dy · act(a).
 template <typename T, Activation A>
 __global__ void gated_backward_kernel(const void* __restrict__ dy, DType dy_dtype,
-                                      const T* __restrict__ x, T* __restrict__ dx,
-                                      long long rows, long long n) {
+                                      const T* __restrict__ x, T* __restrict__ dx, long long rows,
+                                      long long n) {
   using Real = ComputeType<T>;
   const long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= n) return;
@@ -164,12 +164,12 @@ void launch_forward(const Tensor& x, Tensor& y) {
   if constexpr (A == Activation::kGeglu || A == Activation::kSwiglu) {
     const long long n = y.dim(-1);
     const long long rows = y.numel() / n;
-    gated_forward_kernel<T, A><<<gated_grid(rows, n), kThreads, 0, current_stream()>>>(xp, yp, rows,
-                                                                                        n);
+    gated_forward_kernel<T, A>
+        <<<gated_grid(rows, n), kThreads, 0, current_stream()>>>(xp, yp, rows, n);
   } else {
     const long long count = x.numel();
-    activation_forward_kernel<T, A><<<grid_for(count, kThreads), kThreads, 0, current_stream()>>>(
-        xp, yp, count);
+    activation_forward_kernel<T, A>
+        <<<grid_for(count, kThreads), kThreads, 0, current_stream()>>>(xp, yp, count);
   }
   TPCHECK_LAUNCH_CHECK();
 }
@@ -185,23 +185,46 @@ void launch_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
         dy.raw(), dy.dtype(), xp, dxp, rows, n);
   } else {
     const long long count = x.numel();
-    activation_backward_kernel<T, A>
-        <<<grid_for(count, kThreads), kThreads, 0, current_stream()>>>(dy.raw(), dy.dtype(), xp,
-                                                                       dxp, count);
+    activation_backward_kernel<T, A><<<grid_for(count, kThreads), kThreads, 0, current_stream()>>>(
+        dy.raw(), dy.dtype(), xp, dxp, count);
   }
   TPCHECK_LAUNCH_CHECK();
 }
 
 // Runs F<T, A> for the run-time activation `act` (T already chosen).
-#define TPCHECK_DISPATCH_ACTIVATION(act, A, ...)                     \
-  switch (act) {                                                     \
-    case Activation::kGelu: { constexpr Activation A = Activation::kGelu; __VA_ARGS__; break; }   \
-    case Activation::kRelu: { constexpr Activation A = Activation::kRelu; __VA_ARGS__; break; }   \
-    case Activation::kSrelu: { constexpr Activation A = Activation::kSrelu; __VA_ARGS__; break; } \
-    case Activation::kQgelu: { constexpr Activation A = Activation::kQgelu; __VA_ARGS__; break; } \
-    case Activation::kGeglu: { constexpr Activation A = Activation::kGeglu; __VA_ARGS__; break; } \
-    case Activation::kSwiglu: { constexpr Activation A = Activation::kSwiglu; __VA_ARGS__; break; } \
-    default:                                                         \
+#define TPCHECK_DISPATCH_ACTIVATION(act, A, ...)                            \
+  switch (act) {                                                            \
+    case Activation::kGelu: {                                               \
+      constexpr Activation A = Activation::kGelu;                           \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case Activation::kRelu: {                                               \
+      constexpr Activation A = Activation::kRelu;                           \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case Activation::kSrelu: {                                              \
+      constexpr Activation A = Activation::kSrelu;                          \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case Activation::kQgelu: {                                              \
+      constexpr Activation A = Activation::kQgelu;                          \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case Activation::kGeglu: {                                              \
+      constexpr Activation A = Activation::kGeglu;                          \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case Activation::kSwiglu: {                                             \
+      constexpr Activation A = Activation::kSwiglu;                         \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    default:                                                                \
       TPCHECK_CHECK(false, "unknown activation {}", static_cast<int>(act)); \
   }
 
@@ -246,8 +269,9 @@ Tensor CudaBackend::activation_backward(Activation act, const Tensor& dy, const 
                            dy);
   Tensor dx(x.shape(), x.dtype(), Device::kCuda);
   if (dx.numel() == 0) return dx;
-  TPCHECK_DISPATCH_FLOAT(x.dtype(), "activation_backward", T,
-                         TPCHECK_DISPATCH_ACTIVATION(act, A, cuda::launch_backward<T, A>(dy, x, dx)));
+  TPCHECK_DISPATCH_FLOAT(
+      x.dtype(), "activation_backward", T,
+      TPCHECK_DISPATCH_ACTIVATION(act, A, cuda::launch_backward<T, A>(dy, x, dx)));
   return dx;
 }
 

@@ -28,8 +28,8 @@ constexpr int kBiasThreads = 256;
 // One thread per column j of a column tile (blockIdx.x), rows strided by gridDim.y:
 // coalesced, and the bias value is read once per thread.
 template <typename T>
-__global__ void add_bias_kernel(T* __restrict__ y, const void* __restrict__ bias,
-                                DType bias_dtype, long long rows, long long n) {
+__global__ void add_bias_kernel(T* __restrict__ y, const void* __restrict__ bias, DType bias_dtype,
+                                long long rows, long long n) {
   using Real = ComputeType<T>;
   const long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= n) return;

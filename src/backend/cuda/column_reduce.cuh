@@ -39,18 +39,17 @@ enum class ColumnTerms {
 
 constexpr int column_term_count(ColumnTerms t) { return t == ColumnTerms::kNormScaleShift ? 2 : 1; }
 
-constexpr int kColumnTile = 32;         // columns per block (threadIdx.x)
-constexpr int kRowLanes = 8;            // row lanes per block (threadIdx.y)
-constexpr long long kChunkRows = 256;   // rows per block (blockIdx.y), at least
-constexpr long long kMaxChunks = 65535; // gridDim.y limit
+constexpr int kColumnTile = 32;          // columns per block (threadIdx.x)
+constexpr int kRowLanes = 8;             // row lanes per block (threadIdx.y)
+constexpr long long kChunkRows = 256;    // rows per block (blockIdx.y), at least
+constexpr long long kMaxChunks = 65535;  // gridDim.y limit
 
 template <typename Real, ColumnTerms kTerms>
 __global__ void __launch_bounds__(kColumnTile* kRowLanes)
-    column_partials_kernel(const void* __restrict__ dy, DType dy_dtype,
-                           const void* __restrict__ x, DType x_dtype,
-                           const Real* __restrict__ mean, const Real* __restrict__ rstd,
-                           Real* __restrict__ partials, long long rows, long long n,
-                           long long chunk_rows) {
+    column_partials_kernel(const void* __restrict__ dy, DType dy_dtype, const void* __restrict__ x,
+                           DType x_dtype, const Real* __restrict__ mean,
+                           const Real* __restrict__ rstd, Real* __restrict__ partials,
+                           long long rows, long long n, long long chunk_rows) {
   constexpr int kCount = column_term_count(kTerms);
   __shared__ Real lane_sums[kCount][kRowLanes][kColumnTile];
   const long long col = static_cast<long long>(blockIdx.x) * kColumnTile + threadIdx.x;
@@ -86,8 +85,8 @@ __global__ void __launch_bounds__(kColumnTile* kRowLanes)
 template <typename P, typename Real>
 __global__ void column_accumulate_kernel(P* __restrict__ param, const Real* __restrict__ partials,
                                          int term, int count, long long chunks, long long n) {
-  using Acc = std::conditional_t<std::is_same_v<P, double> || std::is_same_v<Real, double>,
-                                 double, float>;
+  using Acc =
+      std::conditional_t<std::is_same_v<P, double> || std::is_same_v<Real, double>, double, float>;
   for (long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
        j += static_cast<long long>(gridDim.x) * blockDim.x) {
     Real s = Real(0);
@@ -156,9 +155,8 @@ class ColumnReduce {
             dy.raw(), dy.dtype(), x_ptr, x_dtype, mean_ptr, rstd_ptr, out, rows_, n_, chunk_rows_);
         break;
       case ColumnTerms::kNormScale:
-        column_partials_kernel<Real, ColumnTerms::kNormScale>
-            <<<grid, block, 0, current_stream()>>>(dy.raw(), dy.dtype(), x_ptr, x_dtype, mean_ptr,
-                                                   rstd_ptr, out, rows_, n_, chunk_rows_);
+        column_partials_kernel<Real, ColumnTerms::kNormScale><<<grid, block, 0, current_stream()>>>(
+            dy.raw(), dy.dtype(), x_ptr, x_dtype, mean_ptr, rstd_ptr, out, rows_, n_, chunk_rows_);
         break;
       case ColumnTerms::kNormScaleShift:
         column_partials_kernel<Real, ColumnTerms::kNormScaleShift>

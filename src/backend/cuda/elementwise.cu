@@ -31,7 +31,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr long long kMseBlocks = 1024;
 
-#define TPCHECK_GRID_STRIDE(i, count)                                                       \
+#define TPCHECK_GRID_STRIDE(i, count)                                                            \
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count); \
        i += static_cast<long long>(gridDim.x) * blockDim.x)
 
@@ -68,8 +68,7 @@ __global__ void mse_partials_kernel(const T* __restrict__ y, const void* __restr
   __shared__ double scratch[32];
   double acc = 0;
   TPCHECK_GRID_STRIDE(i, count) {
-    const double d =
-        static_cast<double>(to_real(y[i])) - load_as<double>(target, target_dtype, i);
+    const double d = static_cast<double>(to_real(y[i])) - load_as<double>(target, target_dtype, i);
     acc += d * d;
   }
   acc = block_sum(acc, scratch);
@@ -110,8 +109,8 @@ void launch_scale(Tensor& out, const Tensor& x, double s) {
   const long long count = x.numel();
   if (count == 0) return;
   scale_kernel<T><<<grid_for(count, kThreads), kThreads, 0, current_stream()>>>(
-      static_cast<T*>(out.raw()), static_cast<const T*>(x.raw()),
-      static_cast<ComputeType<T>>(s), count);
+      static_cast<T*>(out.raw()), static_cast<const T*>(x.raw()), static_cast<ComputeType<T>>(s),
+      count);
   TPCHECK_LAUNCH_CHECK();
 }
 
@@ -130,10 +129,10 @@ void launch_mse_backward(Tensor& dy, const Tensor& y, const Tensor& target) {
 template <typename T>
 void launch_mse_partials(const Tensor& y, const Tensor& target, Tensor& partials) {
   const long long count = y.numel();
-  mse_partials_kernel<T><<<static_cast<unsigned>(partials.numel()), kThreads, 0,
-                           current_stream()>>>(static_cast<const T*>(y.raw()), target.raw(),
-                                               target.dtype(), count,
-                                               static_cast<double*>(partials.raw()));
+  mse_partials_kernel<T>
+      <<<static_cast<unsigned>(partials.numel()), kThreads, 0, current_stream()>>>(
+          static_cast<const T*>(y.raw()), target.raw(), target.dtype(), count,
+          static_cast<double*>(partials.raw()));
   TPCHECK_LAUNCH_CHECK();
 }
 

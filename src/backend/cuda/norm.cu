@@ -123,10 +123,10 @@ void launch_norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, co
   const bool layer_norm = kind == NormKind::kLayerNorm;
   TPCHECK_CHECK(rows <= 0x7fffffffLL, "norm_forward: {} rows exceed the grid limit", rows);
   norm_forward_kernel<T><<<static_cast<unsigned>(rows), norm_threads(n), 0, current_stream()>>>(
-      static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(),
-      layer_norm ? beta.raw() : nullptr, layer_norm ? beta.dtype() : DType::kF32,
-      static_cast<T*>(out.y.raw()), layer_norm ? static_cast<Real*>(out.mean.raw()) : nullptr,
-      static_cast<Real*>(out.rstd.raw()), n, static_cast<Real>(eps), layer_norm, zero_centered);
+      static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(), layer_norm ? beta.raw() : nullptr,
+      layer_norm ? beta.dtype() : DType::kF32, static_cast<T*>(out.y.raw()),
+      layer_norm ? static_cast<Real*>(out.mean.raw()) : nullptr, static_cast<Real*>(out.rstd.raw()),
+      n, static_cast<Real>(eps), layer_norm, zero_centered);
   TPCHECK_LAUNCH_CHECK();
 }
 
@@ -186,9 +186,9 @@ NormForward CudaBackend::norm_forward(NormKind kind, const Tensor& x, const Tens
   if (kind == NormKind::kLayerNorm) out.mean = Tensor({rows}, math, Device::kCuda);
   out.rstd = Tensor({rows}, math, Device::kCuda);
   if (rows == 0) return out;
-  TPCHECK_DISPATCH_FLOAT(x.dtype(), "norm_forward", T,
-                         cuda::launch_norm_forward<T>(kind, x, gamma, beta, eps,
-                                                      zero_centered_gamma, out));
+  TPCHECK_DISPATCH_FLOAT(
+      x.dtype(), "norm_forward", T,
+      cuda::launch_norm_forward<T>(kind, x, gamma, beta, eps, zero_centered_gamma, out));
   return out;
 }
 
@@ -206,21 +206,20 @@ Tensor CudaBackend::norm_backward(NormKind kind, const Tensor& dy, const Tensor&
   cuda::check_cuda_operand(norm_kind_name(kind), "dy", dy);
   const std::int64_t n = x.dim(-1);
   const std::int64_t rows = x.numel() / n;
-  TPCHECK_CHECK_INPUT(
-      saved.rstd.defined() && saved.rstd.numel() == rows &&
-          (!layer_norm || (saved.mean.defined() && saved.mean.numel() == rows)),
-      "{}: saved statistics do not match input {} ({} rows); expected the "
-      "NormForward of this input",
-      norm_kind_name(kind), x.describe(), rows);
+  TPCHECK_CHECK_INPUT(saved.rstd.defined() && saved.rstd.numel() == rows &&
+                          (!layer_norm || (saved.mean.defined() && saved.mean.numel() == rows)),
+                      "{}: saved statistics do not match input {} ({} rows); expected the "
+                      "NormForward of this input",
+                      norm_kind_name(kind), x.describe(), rows);
   const DType math = cuda::math_dtype_of(x.dtype());
   const Tensor rstd = cuda::as_math(kind, "saved rstd", saved.rstd, math);
   const Tensor mean = layer_norm ? cuda::as_math(kind, "saved mean", saved.mean, math) : Tensor();
 
   Tensor dx(x.shape(), x.dtype(), Device::kCuda);
   if (rows > 0) {
-    TPCHECK_DISPATCH_FLOAT(x.dtype(), "norm_backward", T,
-                           cuda::launch_norm_backward<T>(kind, dy, x, gamma, mean, rstd,
-                                                         zero_centered_gamma, dx));
+    TPCHECK_DISPATCH_FLOAT(
+        x.dtype(), "norm_backward", T,
+        cuda::launch_norm_backward<T>(kind, dy, x, gamma, mean, rstd, zero_centered_gamma, dx));
   }
   cuda::ColumnReduce reduce(
       layer_norm ? cuda::ColumnTerms::kNormScaleShift : cuda::ColumnTerms::kNormScale, math, rows,
