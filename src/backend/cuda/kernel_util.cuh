@@ -10,10 +10,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <string_view>
 #include <type_traits>
 
 #include "tpcheck/dtype.h"
 #include "tpcheck/error.h"
+#include "tpcheck/tensor.h"
 
 namespace tpcheck::cuda {
 
@@ -49,6 +51,73 @@ __device__ __forceinline__ T from_real(Real x) {
     if constexpr (std::is_same_v<Real, double>) return __double2bfloat16(x);
     else return __float2bfloat16_rn(x);
   }
+}
+
+
+// ---- shared by the op files (bias, norm, activation, elementwise) -------------------
+
+// The dtypes kernels read and write: f64, f32, f16, bf16.
+inline bool is_kernel_dtype(DType d) {
+  return d == DType::kF64 || d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
+}
+
+// The math dtype of an op on storage dtype `d` (f64 for f64, f32 otherwise): the dtype of
+// saved statistics.
+inline DType math_dtype_of(DType d) { return d == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// Element i of a buffer whose dtype is known only at run time (a second operand: a bias,
+// a parameter, a target), as Real: f32/f16/bf16 widen exactly; f64 → f32 rounds once
+// (nearest even), as Tensor::to_f32 does on the host. REQUIRES: is_kernel_dtype(dtype).
+template <typename Real>
+__device__ __forceinline__ Real load_as(const void* p, DType dtype, long long i) {
+  switch (dtype) {
+    case DType::kF64: return static_cast<Real>(static_cast<const double*>(p)[i]);
+    case DType::kF32: return static_cast<Real>(static_cast<const float*>(p)[i]);
+    case DType::kF16: return static_cast<Real>(__half2float(static_cast<const __half*>(p)[i]));
+    default: return static_cast<Real>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+  }
+}
+
+// IEEE square root (correctly rounded: .cu files are built without fast math).
+__device__ __forceinline__ float real_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double real_sqrt(double x) { return sqrt(x); }
+
+// Sum over the 32 lanes of a warp (butterfly: every lane ends with the same bits, and the
+// order is fixed, so the result is the same on every run). REQUIRES: all lanes active.
+template <typename Real>
+__device__ __forceinline__ Real warp_sum(Real v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block, returned to every thread; fixed order (warp butterflies, then the
+// warp totals in warp order), so bit-reproducible run to run. `scratch` is __shared__
+// Real[32], reusable by consecutive calls. REQUIRES: blockDim.x a multiple of 32 (≤ 1024),
+// blockDim.y == blockDim.z == 1, called by every thread of the block.
+template <typename Real>
+__device__ __forceinline__ Real block_sum(Real v, Real* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // a previous call may still be reading scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  Real total = 0;
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  return total;
+}
+
+// Host checks shared by the op files: `t` (named `what` in op `op`) is defined, on the
+// GPU and of a kernel dtype; each failure is Error(kInput) naming the tensor.
+inline void check_cuda_operand(std::string_view op, std::string_view what, const Tensor& t) {
+  TPCHECK_CHECK_INPUT(t.defined(), "{}: {} is undefined", op, what);
+  TPCHECK_CHECK_INPUT(t.device() == Device::kCuda,
+                      "{}: the CUDA backend was given {} = {} in host memory; expected a GPU "
+                      "tensor (Device::kCuda; move it with to_device)",
+                      op, what, t.describe());
+  TPCHECK_CHECK_INPUT(is_kernel_dtype(t.dtype()),
+                      "{}: {} is {}; the CUDA backend takes f64, f32, f16 or bf16 here", op,
+                      what, t.describe());
 }
 
 }  // namespace tpcheck::cuda

@@ -1,18 +1,233 @@
-// norm.cu — CudaBackend::norm_forward / norm_backward (LayerNorm, RMSNorm).
-// (Being written: every entry point below throws until its kernels land.)
+// norm.cu — CudaBackend::norm_forward / norm_backward: LayerNorm and RMSNorm over the
+// last dimension (twin of cpu/norm.cpp, same formulas).
+//
+// x is viewed as [rows, n]. With s = gamma (or 1 + gamma when zero_centered_gamma):
+//   LayerNorm: mean = Σx/n, var = Σ(x − mean)²/n, rstd = 1/√(var + eps),
+//              x̂ = (x − mean)·rstd, y = x̂·s + beta
+//   RMSNorm:   rstd = 1/√(Σx²/n + eps), x̂ = x·rstd, y = x̂·s
+// Backward, with g = dy·s:
+//   LayerNorm: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), dgamma += Σ_rows dy·x̂, dbeta += Σ_rows dy
+//   RMSNorm:   dx = rstd·(g − x̂·mean(g·x̂)),           dgamma += Σ_rows dy·x̂
+// Math in f32 (f64 for f64 x); y and dx rounded once to x's dtype; mean and rstd saved in
+// the math type (f32, f64 for f64 x); dgamma/dbeta accumulated by the deterministic
+// column reduction (column_reduce.cuh) and rounded once into their own dtype.
+//
+// Kernels: one block per row (forward: two-pass mean and variance, as the CPU; backward
+// dx: the row sums Σg and Σg·x̂ by block_sum), a warp reading consecutive elements
+// (coalesced); block reductions have a fixed order, so every result is bit-reproducible.
+//
+// Buffers (rows = numel / n, Real = the math type):
+//   x, y, dx   [rows, n]  T = x's storage type    dy [rows, n] any kernel dtype
+//   gamma, beta, dgamma, dbeta [n] any kernel dtype
+//   mean, rstd [rows] Real (a saved statistic of another dtype is cast to Real first)
+// Thread safety: see cuda_backend.h.
+#include "backend/cuda/column_reduce.cuh"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/kernel_util.cuh"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
+namespace cuda {
+namespace {
+
+// Threads per row: a function of n only (so the reduction order is too).
+unsigned norm_threads(long long n) {
+  if (n >= 4096) return 512;
+  if (n >= 1024) return 256;
+  return 128;
+}
+
+// The scale applied to x̂ at column j: gamma[j], or 1 + gamma[j] (added in Real, as the CPU).
+template <typename Real>
+__device__ __forceinline__ Real scale_at(const void* gamma, DType gamma_dtype, long long j,
+                                         bool zero_centered) {
+  const Real s = load_as<Real>(gamma, gamma_dtype, j);
+  return zero_centered ? s + Real(1) : s;
+}
+
+template <typename T>
+__global__ void norm_forward_kernel(const T* __restrict__ x, const void* __restrict__ gamma,
+                                    DType gamma_dtype, const void* __restrict__ beta,
+                                    DType beta_dtype, T* __restrict__ y,
+                                    ComputeType<T>* __restrict__ mean_out,
+                                    ComputeType<T>* __restrict__ rstd_out, long long n,
+                                    ComputeType<T> eps, bool layer_norm, bool zero_centered) {
+  using Real = ComputeType<T>;
+  __shared__ Real scratch[32];
+  const long long row = blockIdx.x;
+  const T* xr = x + row * n;
+  T* yr = y + row * n;
+  Real mu = Real(0);
+  if (layer_norm) {
+    Real sum = Real(0);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) sum += to_real(xr[j]);
+    mu = block_sum(sum, scratch) / static_cast<Real>(n);
+  }
+  Real sq = Real(0);
+  for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+    const Real d = to_real(xr[j]) - mu;
+    sq += d * d;
+  }
+  const Real rs = Real(1) / real_sqrt(block_sum(sq, scratch) / static_cast<Real>(n) + eps);
+  for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+    Real v = (to_real(xr[j]) - mu) * rs * scale_at<Real>(gamma, gamma_dtype, j, zero_centered);
+    if (layer_norm) v += load_as<Real>(beta, beta_dtype, j);
+    yr[j] = from_real<T>(v);
+  }
+  if (threadIdx.x == 0) {
+    if (layer_norm) mean_out[row] = mu;
+    rstd_out[row] = rs;
+  }
+}
+
+template <typename T>
+__global__ void norm_backward_kernel(const void* __restrict__ dy, DType dy_dtype,
+                                     const T* __restrict__ x, const void* __restrict__ gamma,
+                                     DType gamma_dtype, const ComputeType<T>* __restrict__ mean,
+                                     const ComputeType<T>* __restrict__ rstd, T* __restrict__ dx,
+                                     long long n, bool layer_norm, bool zero_centered) {
+  using Real = ComputeType<T>;
+  __shared__ Real scratch[32];
+  const long long row = blockIdx.x;
+  const long long base = row * n;
+  const Real mu = layer_norm ? mean[row] : Real(0);
+  const Real rs = rstd[row];
+  Real g_sum = Real(0), gx_sum = Real(0);
+  for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+    const Real xhat = (to_real(x[base + j]) - mu) * rs;
+    const Real g = load_as<Real>(dy, dy_dtype, base + j) *
+                   scale_at<Real>(gamma, gamma_dtype, j, zero_centered);
+    g_sum += g;
+    gx_sum += g * xhat;
+  }
+  g_sum = block_sum(g_sum, scratch);
+  gx_sum = block_sum(gx_sum, scratch);
+  const Real g_mean = layer_norm ? g_sum / static_cast<Real>(n) : Real(0);
+  const Real gx_mean = gx_sum / static_cast<Real>(n);
+  for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+    const Real xhat = (to_real(x[base + j]) - mu) * rs;
+    const Real g = load_as<Real>(dy, dy_dtype, base + j) *
+                   scale_at<Real>(gamma, gamma_dtype, j, zero_centered);
+    dx[base + j] = from_real<T>(rs * (g - g_mean - xhat * gx_mean));
+  }
+}
+
+template <typename T>
+void launch_norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                         double eps, bool zero_centered, NormForward& out) {
+  using Real = ComputeType<T>;
+  const long long n = x.dim(-1);
+  const long long rows = x.numel() / n;
+  const bool layer_norm = kind == NormKind::kLayerNorm;
+  TPCHECK_CHECK(rows <= 0x7fffffffLL, "norm_forward: {} rows exceed the grid limit", rows);
+  norm_forward_kernel<T><<<static_cast<unsigned>(rows), norm_threads(n), 0, current_stream()>>>(
+      static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(), layer_norm ? beta.raw() : nullptr,
+      layer_norm ? beta.dtype() : DType::kF32, static_cast<T*>(out.y.raw()),
+      layer_norm ? static_cast<Real*>(out.mean.raw()) : nullptr, static_cast<Real*>(out.rstd.raw()),
+      n, static_cast<Real>(eps), layer_norm, zero_centered);
+  TPCHECK_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, bool zero_centered, Tensor& dx) {
+  using Real = ComputeType<T>;
+  const long long n = x.dim(-1);
+  const long long rows = x.numel() / n;
+  const bool layer_norm = kind == NormKind::kLayerNorm;
+  TPCHECK_CHECK(rows <= 0x7fffffffLL, "norm_backward: {} rows exceed the grid limit", rows);
+  norm_backward_kernel<T><<<static_cast<unsigned>(rows), norm_threads(n), 0, current_stream()>>>(
+      dy.raw(), dy.dtype(), static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(),
+      layer_norm ? static_cast<const Real*>(mean.raw()) : nullptr,
+      static_cast<const Real*>(rstd.raw()), static_cast<T*>(dx.raw()), n, layer_norm,
+      zero_centered);
+  TPCHECK_LAUNCH_CHECK();
+}
+
+// ---- validation (the CPU's checks and messages, then the GPU's) ------------------------
+
+void check_param(NormKind kind, std::string_view what, const Tensor& x, const Tensor& p) {
+  TPCHECK_CHECK_INPUT(p.defined(), "{}: {} is undefined; expected a [{}] tensor",
+                      norm_kind_name(kind), what, x.dim(-1));
+  TPCHECK_CHECK_INPUT(p.rank() == 1 && p.dim(0) == x.dim(-1),
+                      "{}: {} is {}, input {}; expected {} of shape [{}] (the last dimension)",
+                      norm_kind_name(kind), what, p.describe(), x.describe(), what, x.dim(-1));
+  check_cuda_operand(norm_kind_name(kind), what, p);
+}
+
+void check_input(NormKind kind, const Tensor& x) {
+  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) > 0,
+                      "{}: input {}; expected a tensor with a non-empty last dimension",
+                      norm_kind_name(kind), x.defined() ? x.describe() : "undefined");
+  check_cuda_operand(norm_kind_name(kind), "x", x);
+}
+
+// A saved statistic as the math type `math` (cast on the GPU when saved in another dtype).
+Tensor as_math(NormKind kind, std::string_view what, const Tensor& t, DType math) {
+  check_cuda_operand(norm_kind_name(kind), what, t);
+  return t.dtype() == math ? t : t.to(math);
+}
+
+}  // namespace
+}  // namespace cuda
 
 NormForward CudaBackend::norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma,
                                       const Tensor& beta, double eps, bool zero_centered_gamma) {
-  TPCHECK_CHECK(false, "CUDA op not implemented yet");
+  cuda::check_input(kind, x);
+  cuda::check_param(kind, "gamma", x, gamma);
+  if (kind == NormKind::kLayerNorm) cuda::check_param(kind, "beta", x, beta);
+  TPCHECK_CHECK_INPUT(eps >= 0, "{}: eps = {}; expected eps >= 0", norm_kind_name(kind), eps);
+  const std::int64_t rows = x.numel() / x.dim(-1);
+  const DType math = cuda::math_dtype_of(x.dtype());
+  NormForward out;
+  out.y = Tensor(x.shape(), x.dtype(), Device::kCuda);
+  if (kind == NormKind::kLayerNorm) out.mean = Tensor({rows}, math, Device::kCuda);
+  out.rstd = Tensor({rows}, math, Device::kCuda);
+  if (rows == 0) return out;
+  TPCHECK_DISPATCH_FLOAT(
+      x.dtype(), "norm_forward", T,
+      cuda::launch_norm_forward<T>(kind, x, gamma, beta, eps, zero_centered_gamma, out));
+  return out;
 }
+
 Tensor CudaBackend::norm_backward(NormKind kind, const Tensor& dy, const Tensor& x,
                                   const Tensor& gamma, const NormForward& saved,
                                   bool zero_centered_gamma, Tensor& dgamma, Tensor& dbeta) {
-  TPCHECK_CHECK(false, "CUDA op not implemented yet");
+  const bool layer_norm = kind == NormKind::kLayerNorm;
+  cuda::check_input(kind, x);
+  cuda::check_param(kind, "gamma", x, gamma);
+  cuda::check_param(kind, "dgamma", x, dgamma);
+  if (layer_norm && dbeta.defined()) cuda::check_param(kind, "dbeta", x, dbeta);
+  TPCHECK_CHECK_INPUT(dy.defined() && dy.shape() == x.shape(),
+                      "{}: dy is {}, x is {}; expected the same shape", norm_kind_name(kind),
+                      dy.defined() ? dy.describe() : "undefined", x.describe());
+  cuda::check_cuda_operand(norm_kind_name(kind), "dy", dy);
+  const std::int64_t n = x.dim(-1);
+  const std::int64_t rows = x.numel() / n;
+  TPCHECK_CHECK_INPUT(saved.rstd.defined() && saved.rstd.numel() == rows &&
+                          (!layer_norm || (saved.mean.defined() && saved.mean.numel() == rows)),
+                      "{}: saved statistics do not match input {} ({} rows); expected the "
+                      "NormForward of this input",
+                      norm_kind_name(kind), x.describe(), rows);
+  const DType math = cuda::math_dtype_of(x.dtype());
+  const Tensor rstd = cuda::as_math(kind, "saved rstd", saved.rstd, math);
+  const Tensor mean = layer_norm ? cuda::as_math(kind, "saved mean", saved.mean, math) : Tensor();
+
+  Tensor dx(x.shape(), x.dtype(), Device::kCuda);
+  if (rows > 0) {
+    TPCHECK_DISPATCH_FLOAT(
+        x.dtype(), "norm_backward", T,
+        cuda::launch_norm_backward<T>(kind, dy, x, gamma, mean, rstd, zero_centered_gamma, dx));
+  }
+  cuda::ColumnReduce reduce(
+      layer_norm ? cuda::ColumnTerms::kNormScaleShift : cuda::ColumnTerms::kNormScale, math, rows,
+      n);
+  reduce.partials(dy, x, mean, rstd);
+  reduce.accumulate_into(0, dgamma);
+  if (layer_norm && dbeta.defined()) reduce.accumulate_into(1, dbeta);
+  return dx;
 }
 
 }  // namespace tpcheck
