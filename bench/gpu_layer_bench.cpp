@@ -1,0 +1,135 @@
+// gpu_layer_bench.cpp — the CUDA backend's speed, each figure next to its ceiling measured
+// in the same process:
+//   copy      device-to-device copy of 4 GiB (bytes read + written per second): the memory
+//             bandwidth ceiling of the element-wise kernels;
+//   gemm      a dense bf16 8192×8192×8192 GEMM through Backend::gemm (cuBLASLt, random
+//             data): the matrix-rate ceiling;
+//   layer     TransformerLayer forward + backward, bf16, TP 1, at hidden H, ffn F, heads A,
+//             seq S, batch B (default 4096 / 16384 / 32 / 2048 / 4): time per step, FLOPs
+//             from the GEMM ledger (Σ 2·m·n·k·batch, attention's products included), the
+//             rate, and the rate as a fraction of the gemm ceiling.
+// Each timing: warm-up runs first, then `reps` timed runs (device synchronized around
+// each); the median is reported. Prints one line per figure; with no GPU it says so and
+// exits 0 (scripts/bench.sh runs every bench on the CPU machine too).
+//   gpu_layer_bench [hidden ffn heads seq batch] [reps]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "tpcheck/backend.h"
+#include "tpcheck/comm.h"
+#include "tpcheck/cuda_backend.h"
+#include "tpcheck/device.h"
+#include "tpcheck/layers/any_layer.h"
+#include "tpcheck/rng.h"
+
+namespace tpcheck {
+namespace {
+
+// Median seconds of `reps` runs of `body`, after two warm-up runs.
+double median_seconds(Backend& be, int reps, const std::function<void()>& body) {
+  for (int i = 0; i < 2; ++i) body();
+  be.synchronize();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    be.synchronize();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double ledger_flops(const std::vector<GemmRecord>& records, std::size_t from) {
+  double f = 0;
+  for (std::size_t i = from; i < records.size(); ++i) {
+    const GemmRecord& r = records[i];
+    f += 2.0 * r.m * r.n * r.k * r.batch;
+  }
+  return f;
+}
+
+int run(int argc, char** argv) {
+  const DeviceInfo info = query_devices();
+  if (info.cuda_devices == 0) {
+    std::printf("gpu_layer_bench: skipped: %s\n", info.description.c_str());
+    return 0;
+  }
+  std::int64_t hidden = 4096, ffn = 16384, heads = 32, seq = 2048, batch = 4;
+  int reps = 5;
+  if (argc >= 6) {
+    hidden = std::atoll(argv[1]);
+    ffn = std::atoll(argv[2]);
+    heads = std::atoll(argv[3]);
+    seq = std::atoll(argv[4]);
+    batch = std::atoll(argv[5]);
+  }
+  if (argc == 7 || argc == 2) reps = std::atoi(argv[argc - 1]);
+  std::unique_ptr<Backend> be = make_cuda_backend();
+  std::printf("device: %s | %s\n", info.description.c_str(), cuda_versions().c_str());
+
+  {  // copy bandwidth
+    Tensor src = generate(FillSpec::normal(0, 1), 1, "copy", {std::int64_t{1} << 28}, DType::kF32)
+                     .to_device(Device::kCuda);
+    Tensor dst;
+    const double s = median_seconds(*be, 10, [&] { dst = src.clone(); });
+    std::printf("copy: %.0f GB/s (4 GiB read + 4 GiB written, median of 10: %.3f ms)\n",
+                2.0 * src.nbytes() / s / 1e9, s * 1e3);
+  }
+  double gemm_rate = 0;
+  {  // dense bf16 GEMM ceiling
+    const std::int64_t n = 8192;
+    Tensor a = generate(FillSpec::normal(0, 1), 1, "a", {n, n}, DType::kBF16).to_device(Device::kCuda);
+    Tensor b = generate(FillSpec::normal(0, 1), 1, "b", {n, n}, DType::kBF16).to_device(Device::kCuda);
+    Tensor c({n, n}, DType::kBF16, Device::kCuda);
+    const double s = median_seconds(*be, 10, [&] { be->gemm("bench/gemm", a, false, b, true, c, false); });
+    gemm_rate = 2.0 * n * n * n / s;
+    std::printf("gemm: %.0f TFLOP/s (bf16 %lldx%lldx%lld, random data, %s)\n", gemm_rate / 1e12,
+                static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n),
+                be->ledger().records().back().implementation.c_str());
+  }
+  {  // the layer
+    std::unique_ptr<Communicator> comm = make_single_communicator();
+    ModuleContext ctx{be.get(), comm.get(), 1234};
+    nlohmann::json options = {{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
+                              {"num_attention_heads", heads}, {"params_dtype", "bf16"},
+                              {"layernorm_epsilon", 1e-5}};
+    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", options}, ctx);
+    const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16)
+                         .to_device(Device::kCuda);
+    const Tensor dy = generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden}, DType::kBF16)
+                          .to_device(Device::kCuda);
+    std::size_t from = 0;
+    double flops = 0;
+    const double s = median_seconds(*be, reps, [&] {
+      from = be->ledger().records().size();
+      layer->forward(x);
+      layer->backward(OutputGrads{dy, Tensor(), Tensor()});
+      flops = ledger_flops(be->ledger().records(), from);
+    });
+    std::printf(
+        "layer: TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld batch %lld: "
+        "%.2f ms, %.1f TFLOP (ledger), %.0f TFLOP/s = %.0f%% of the gemm ceiling\n",
+        static_cast<long long>(hidden), static_cast<long long>(ffn), static_cast<long long>(heads),
+        static_cast<long long>(seq), static_cast<long long>(batch), s * 1e3, flops / 1e12,
+        flops / s / 1e12, 100.0 * flops / s / gemm_rate);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tpcheck
+
+int main(int argc, char** argv) {
+  try {
+    return tpcheck::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_layer_bench: error: %s\n", e.what());
+    return 3;
+  }
+}
