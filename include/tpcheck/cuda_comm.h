@@ -56,6 +56,9 @@ void run_device_group(int world, const CudaGroupOptions& options,
 struct NcclOptions {
   // How long init or one collective may take before the communicator is aborted.
   std::chrono::milliseconds timeout{10000};
+  // Processes (b): how long the TCP rendezvous waits for all ranks to connect (processes
+  // start with seconds of skew under mpirun).
+  std::chrono::milliseconds connect_timeout{60000};
 };
 
 // The 128-byte ncclUniqueId, as bytes.
