@@ -49,8 +49,9 @@ struct CudaGroupOptions {
 // each, and joins them. REQUIRES (checked, Error(kInput)): 1 <= world <= 64, a GPU.
 // The body makes its CudaBackend (device options.device) first. Rethrows the failing
 // rank's exception (an Error naming the rank), as run_thread_group does.
-void run_device_group(int world, const CudaGroupOptions& options,
-                      const std::function<void(Communicator&)>& body);
+void run_device_group(int world, const std::function<void(Communicator&)>& body,
+                      CudaGroupOptions options = {});
+using DeviceGroupOptions = CudaGroupOptions;  // the name the runner uses
 
 // ---- NCCL: one rank per GPU ------------------------------------------------------------
 struct NcclOptions {

@@ -15,7 +15,7 @@ namespace {
 }
 }  // namespace
 
-void run_device_group(int, const CudaGroupOptions&, const std::function<void(Communicator&)>&) {
+void run_device_group(int, const std::function<void(Communicator&)>&, CudaGroupOptions) {
   unavailable("device group (N ranks on one GPU)");
 }
 NcclId make_nccl_id() { unavailable("NCCL"); }

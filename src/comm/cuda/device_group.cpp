@@ -250,8 +250,8 @@ class DeviceCommunicator final : public Communicator {
 
 }  // namespace
 
-void run_device_group(int world, const CudaGroupOptions& options,
-                      const std::function<void(Communicator&)>& body) {
+void run_device_group(int world, const std::function<void(Communicator&)>& body,
+                      CudaGroupOptions options) {
   TPCHECK_CHECK_INPUT(world >= 1 && world <= cuda::kMaxDeviceRanks,
                       "device group size {} must be between 1 and {}", world, cuda::kMaxDeviceRanks);
   TPCHECK_CHECK_INPUT(options.timeout.count() > 0, "device group timeout {} ms must be positive",
