@@ -51,6 +51,9 @@ class FailureSource {
   virtual ~FailureSource() = default;
   virtual std::optional<GroupFailure> failure() = 0;
   virtual void report(int rank, const std::string& reason) = 0;
+  // Whether a communicator destroyed while its rank unwinds an exception reports it (a
+  // process may exit before anyone calls abort(); threads have run_rank_threads for it).
+  virtual bool report_unwinding() const { return false; }
 };
 
 class InProcessFailures final : public FailureSource {
@@ -75,6 +78,7 @@ class TcpFailures final : public FailureSource {
     return f;
   }
   void report(int, const std::string& reason) override { g_->report(reason); }
+  bool report_unwinding() const override { return true; }
 
  private:
   std::unique_ptr<TcpGroup> g_;
@@ -129,7 +133,8 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     // Never throws. A rank unwinding an exception tells the others before it goes.
-    if (std::uncaught_exceptions() > 0 && failures_ && !failures_->failure())
+    if (std::uncaught_exceptions() > 0 && failures_ && failures_->report_unwinding() &&
+        !failures_->failure())
       failures_->report(rank_, "its thread or process is unwinding an exception (see its message)");
     if (comm_ != nullptr) {
       // Flush (non-blocking: poll until done, bounded); abort when it fails or hangs.
