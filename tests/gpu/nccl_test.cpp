@@ -138,6 +138,8 @@ TEST(DeviceGroupFailure, SilentRankTimesOut) {
 }
 
 // Needs two GPUs: NCCL's ring (forced: Ring, Simple, one channel) against the emulation.
+// With two ranks every order and both roundings agree (round(a + b) either way), so this
+// checks the plumbing and the per-step dtype; the order itself needs 3+ GPUs.
 TEST(Nccl, TwoGpusMatchEmulatedRingBitForBit) {
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   ASSERT_TRUE(kNcclEnvironment);
