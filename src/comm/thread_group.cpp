@@ -8,11 +8,15 @@
 // A fast rank entering the next collective while the previous one is still releasing
 // waits for the release to finish, so generations never mix.
 //
-// Reductions (the contract of comm.h): sums in rank order 0..N-1, accumulated in f64 for
-// f64 tensors and in f32 for every other dtype, then rounded once to the dtype. So for
-// f32 the result is ((x0 + x1) + x2) + ... in f32 arithmetic; for f16/bf16 the f32 sum
-// is rounded once to f16/bf16. reduce_scatter is the same sum followed by a slice, so its
-// pieces are bit-identical to the matching slices of all_reduce. max propagates NaN.
+// Reductions (the contract of comm.h), CommOrder::kRank (default): sums in rank order
+// 0..N-1, accumulated in f64 for f64 tensors and in f32 for every other dtype, then rounded
+// once to the dtype. So for f32 the result is ((x0 + x1) + x2) + ... in f32 arithmetic; for
+// f16/bf16 the f32 sum is rounded once to f16/bf16. reduce_scatter is the same sum followed
+// by a slice, so its pieces are bit-identical to the matching slices of all_reduce. max
+// propagates NaN. CommOrder::kNcclRing: the host model of NCCL's ring
+// (comm/ring_reference.h) on the flat tensor (all_reduce) or on the slices along `dim`
+// laid out one after the other (reduce_scatter), as the NCCL communicator lays them out.
+// Every collective but barrier is recorded in the calling rank's ledger.
 // Results never alias any rank's input buffer (a rank that leaves early may write its
 // input while others still copy their result).
 //
@@ -35,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/ring_reference.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/error.h"
 
@@ -114,10 +119,37 @@ Tensor reduce(const std::vector<Tensor>& ts, ReduceOp op) {
   return Tensor::from_f32(acc, first.shape(), first.dtype());  // the one rounding
 }
 
+// The slices of `full` along `dim` laid out one after the other: [N, numel / N].
+Tensor slices_flat(const Tensor& full, int dim, int world) {
+  const std::int64_t chunk = full.dim(dim) / world;
+  std::vector<Tensor> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(full.slice(dim, r * chunk, chunk).reshape({1, full.numel() / world}));
+  return Tensor::cat(parts, 0);
+}
+
+// The ledger's description of how a sum or max is computed.
+std::string reduce_algorithm(CommOrder order, ReduceOp op, const Tensor& t, int world,
+                             std::size_t chunk_bytes, bool scatter) {
+  if (order == CommOrder::kNcclRing) {
+    if (op == ReduceOp::kMax) return "nccl-ring fmax (host model)";
+    if (scatter) return "nccl-ring host model (1 channel)";
+    return fmt::format("nccl-ring host model ({} chunks, 1 channel)",
+                       ring::all_reduce_chunk_count(t.numel(), world, t.dtype(), chunk_bytes));
+  }
+  if (op == ReduceOp::kMax) return "rank-order max (NaN propagates)";
+  return t.dtype() == DType::kF64 ? "rank-order f64 sum" : "rank-order f32 sum, rounded once";
+}
+
 class GroupState {
  public:
-  GroupState(int world, std::chrono::milliseconds timeout)
-      : world_(world), timeout_(timeout), calls_(world), results_(world), done_(world, false) {}
+  GroupState(int world, const ThreadGroupOptions& options)
+      : world_(world),
+        timeout_(options.timeout),
+        order_(options.order),
+        chunk_bytes_(options.nccl_chunk_bytes),
+        calls_(world),
+        results_(world),
+        done_(world, false) {}
 
   // Runs one collective for `rank`. Returns rank's result; `shared` tells whether the
   // same buffer went to every rank (then the caller copies it before writing).
@@ -189,6 +221,9 @@ class GroupState {
     cv_.notify_all();
   }
 
+  CommOrder order() const { return order_; }
+  std::size_t chunk_bytes() const { return chunk_bytes_; }
+
   bool aborted() {
     std::lock_guard<std::mutex> lk(mu_);
     return aborted_;
@@ -255,12 +290,26 @@ class GroupState {
         break;
       }
       case Kind::kReduceScatter: {
+        if (order_ == CommOrder::kNcclRing) {
+          std::vector<Tensor> flat;
+          for (const Tensor& t : ts) flat.push_back(slices_flat(t, c0.dim, world_));
+          std::vector<Tensor> pieces = ring::reduce_scatter(flat, ReduceOp::kSum);
+          Shape piece = ts[0].shape();
+          piece[c0.dim] /= world_;
+          for (int r = 0; r < world_; ++r) results_[r] = pieces[r].reshape(piece);
+          break;
+        }
         Tensor sum = reduce(ts, ReduceOp::kSum);
         std::int64_t chunk = sum.dim(c0.dim) / world_;
         for (int r = 0; r < world_; ++r) results_[r] = sum.slice(c0.dim, r * chunk, chunk);
         break;
       }
       case Kind::kAllReduce: {
+        if (order_ == CommOrder::kNcclRing) {
+          std::vector<Tensor> outs = ring::all_reduce(ts, c0.op, chunk_bytes_);
+          for (int r = 0; r < world_; ++r) results_[r] = outs[r];
+          break;
+        }
         Tensor out = reduce(ts, c0.op);
         for (auto& r : results_) r = out;
         shared_results_ = true;
@@ -298,6 +347,8 @@ class GroupState {
 
   const int world_;
   const std::chrono::milliseconds timeout_;
+  const CommOrder order_;
+  const std::size_t chunk_bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t generation_ = 0;  // collectives completed so far
@@ -330,6 +381,7 @@ class ThreadCommunicator final : public Communicator {
 
   Tensor all_gather(const Tensor& local, int dim) override {
     Call c{Kind::kAllGather, normalize_dim(local, dim, "all_gather"), ReduceOp::kSum, 0, local};
+    record(CommKind::kAllGather, local, c.dim, ReduceOp::kSum, 0, "concatenation");
     bool shared = false;
     Tensor out = state_->exchange(rank_, std::move(c), &shared);
     return shared ? out.clone() : out;
@@ -340,6 +392,9 @@ class ThreadCommunicator final : public Communicator {
     TPCHECK_CHECK(full.dim(d) % world_ == 0,
                   "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
                   full.describe(), world_);
+    record(CommKind::kReduceScatter, full, d, ReduceOp::kSum, 0,
+           reduce_algorithm(state_->order(), ReduceOp::kSum, full, world_, state_->chunk_bytes(),
+                            true));
     bool shared = false;
     Tensor out =
         state_->exchange(rank_, Call{Kind::kReduceScatter, d, ReduceOp::kSum, 0, full}, &shared);
@@ -348,6 +403,8 @@ class ThreadCommunicator final : public Communicator {
 
   void all_reduce(Tensor& t, ReduceOp op) override {
     TPCHECK_CHECK(t.defined(), "all_reduce: undefined tensor");
+    record(CommKind::kAllReduce, t, 0, op, 0,
+           reduce_algorithm(state_->order(), op, t, world_, state_->chunk_bytes(), false));
     bool shared = false;
     Tensor out = state_->exchange(rank_, Call{Kind::kAllReduce, 0, op, 0, t}, &shared);
     t.copy_from(out);
@@ -357,6 +414,7 @@ class ThreadCommunicator final : public Communicator {
     TPCHECK_CHECK(t.defined(), "broadcast: undefined tensor");
     TPCHECK_CHECK(root >= 0 && root < world_, "broadcast: root {} out of range for a group of {}",
                   root, world_);
+    record(CommKind::kBroadcast, t, 0, ReduceOp::kSum, root, "copy from root");
     bool shared = false;
     Tensor out =
         state_->exchange(rank_, Call{Kind::kBroadcast, 0, ReduceOp::kSum, root, t}, &shared);
@@ -407,7 +465,10 @@ void run_thread_group(int world, const std::function<void(Communicator&)>& body,
   TPCHECK_CHECK_INPUT(world >= 1, "thread group size {} must be at least 1", world);
   TPCHECK_CHECK_INPUT(options.timeout.count() > 0, "thread group timeout {} ms must be positive",
                       options.timeout.count());
-  auto state = std::make_shared<GroupState>(world, options.timeout);
+  TPCHECK_CHECK_INPUT(options.nccl_chunk_bytes >= 16,
+                      "thread group: NCCL chunk of {} bytes is too small (at least 16)",
+                      options.nccl_chunk_bytes);
+  auto state = std::make_shared<GroupState>(world, options);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   threads.reserve(world);
