@@ -78,6 +78,11 @@ struct Execution {
   std::string communicator = "threads (rank-order f32 sums)";  // for reports
   BackendFactory make_backend;      // default: the CPU backend
   GroupLauncher launch_group;       // default: run_thread_group
+  // One process per rank (mpirun / torchrun): launch_group runs only this process's rank,
+  // and run_case shares every rank's compared tensors through the communicator (an
+  // all_gather each), so every process holds them all. The other ranks' GEMM and
+  // communication ledgers stay in their processes.
+  bool one_process_per_rank = false;
 };
 // The CPU backend with thread ranks (what CI runs).
 Execution cpu_execution();
@@ -106,6 +111,7 @@ struct CaseRun {
   std::vector<GemmRecord> single_gemms, truth_gemms;
   std::vector<GemmRecord> sharded_gemms;  // rank 0's ledger (the one diffs are shown for)
   std::vector<std::vector<GemmRecord>> sharded_gemms_by_rank;  // every rank's ledger
+  std::vector<std::vector<CommRecord>> sharded_comms_by_rank;  // every rank's collectives
   double seconds = 0;
 };
 
@@ -137,6 +143,7 @@ struct CaseResult {
   std::vector<Policy> policies;   // as applied (truth: with this case's u and K)
   std::vector<GemmClassDiff> gemm_class_diffs;
   std::size_t gemm_count_single = 0, gemm_count_sharded = 0;
+  std::vector<CommRecord> collectives;  // rank 0's communication ledger of the sharded run
   double seconds = 0;
 };
 

@@ -1,6 +1,9 @@
 // execution.cpp — see execution.h.
 #include "cli/execution.h"
 
+#include <memory>
+#include <optional>
+
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/cuda_comm.h"
 #include "tpcheck/device.h"
@@ -56,6 +59,45 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
   CudaBackendOptions options;
   options.allow_tf32 = tf32;
   options.impl_mask = impl;
+  // (b) One process per rank, started by mpirun or torchrun: this process is one rank.
+  if (const std::optional<NcclProcessLaunch> launch = nccl_process_launch_from_env()) {
+    TPCHECK_CHECK_INPUT(launch->world == tp,
+                        "{} started {} processes but --tp is {}: one process per rank, so --tp "
+                        "must equal the process count",
+                        launch->launcher, launch->world, tp);
+    TPCHECK_CHECK_INPUT(launch->local_rank < devices.cuda_devices,
+                        "{} rank {}: local rank {} has no GPU of its own ({} visible)",
+                        launch->launcher, launch->rank, launch->local_rank, devices.cuda_devices);
+    Execution& e = out.execution;
+    e.backend = "cuda";
+    e.communicator = TPCHECK_FORMAT("nccl (one process per GPU, {})", launch->launcher);
+    e.one_process_per_rank = true;
+    const NcclProcessLaunch l = *launch;
+    e.make_backend = [options, l](int) {
+      CudaBackendOptions o = options;
+      o.device = l.local_rank;
+      return make_cuda_backend(o);
+    };
+    // The process group is joined once and kept for every case of the run.
+    auto group = std::make_shared<std::unique_ptr<Communicator>>();
+    e.launch_group = [l, group](int, const std::function<void(Communicator&)>& body) {
+      if (!*group) *group = connect_nccl_process_group(l);
+      try {
+        body(**group);
+      } catch (const std::exception& ex) {
+        (*group)->abort(ex.what());  // the other processes stop and name this rank
+        throw;
+      }
+    };
+    out.reports = l.rank == 0;
+    out.gemm_rule.f32_class = tf32 ? MathClass::kTf32 : MathClass::kFp32;
+    settings.cpu_gemm = tf32 ? "tf32 on" : "tf32 off";
+    settings.environment["gpu"] = devices.description;
+    settings.environment["cuda_versions"] = cuda_versions();
+    settings.environment["tf32"] = tf32;
+    settings.environment["communicator"] = e.communicator;
+    return out;
+  }
   const bool nccl = args.comm == "nccl" || (args.comm == "auto" && tp > 1 && devices.cuda_devices >= tp);
   TPCHECK_CHECK_INPUT(!(args.comm == "nccl" && devices.cuda_devices < tp),
                       "--comm nccl at --tp {} needs {} GPUs, this machine has {} (NCCL refuses two "

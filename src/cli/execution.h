@@ -24,6 +24,8 @@ struct ExecutionArgs {
 struct ResolvedExecution {
   Execution execution;
   GemmClassRule gemm_rule;
+  // False in the processes of ranks 1..N-1 of an mpirun / torchrun launch: rank 0 reports.
+  bool reports = true;
 };
 ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const GemmClassRule& cpu_rule,
                                     bool cpu_gemm_given, RunSettings& settings);

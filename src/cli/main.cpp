@@ -112,6 +112,11 @@ int run_command(const RunArgs& a, bool cpu_gemm_given) {
   // Ranks are the parallelism; one BLAS thread keeps results independent of the machine.
   set_cpu_gemm_threads(1);
   RunConfig config{a.tp, a.seed, mutation, resolved.gemm_rule, resolved.execution};
+  if (!resolved.reports) {
+    // Ranks 1..N-1 of an mpirun / torchrun launch run silently; rank 0 prints and writes.
+    std::cout.setstate(std::ios::failbit);
+    if (json_file.is_open()) json_file.close();
+  }
   for (const SuiteCase& c : cases) check_case(c, config);  // nothing half-run on bad input
   JudgeConfig judge{settings.policies, settings.compare};
 

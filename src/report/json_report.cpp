@@ -102,6 +102,11 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
                      {"algorithm_differs", d.algorithm_differs},
                      {"single", gemm_json(d.single)}, {"sharded", gemm_json(d.sharded)}});
   }
+  json collectives = json::array();
+  for (const CommRecord& r : result.collectives) {
+    collectives.push_back({{"kind", comm_kind_name(r.kind)}, {"dtype", dtype_name(r.dtype)},
+                           {"shape", r.shape}, {"bytes", r.bytes}, {"algorithm", r.algorithm}});
+  }
   json truth_model = json::object();
   for (const Policy& p : result.policies) {
     if (p.kind != PolicyKind::kTruth) continue;
@@ -123,6 +128,7 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
           {"truth_model", std::move(truth_model)},
           {"tensors", std::move(tensors)},
           {"gemm_class_diffs", std::move(diffs)},
+          {"collectives", std::move(collectives)},
           {"gemm_count", {{"single", result.gemm_count_single}, {"sharded_rank0", result.gemm_count_sharded}}},
           {"seconds", result.seconds}};
 }

@@ -46,6 +46,7 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
   result.gemm_count_single = run.single_gemms.size();
   result.gemm_count_sharded = run.sharded_gemms.size();
   result.gemm_class_diffs = diff_gemm_classes(run.single_gemms, run.sharded_gemms);
+  if (!run.sharded_comms_by_rank.empty()) result.collectives = run.sharded_comms_by_rank[0];
 
   std::vector<Policy> policies = config.policies;
   for (Policy& p : policies) {

@@ -23,6 +23,7 @@ struct RankResult {
   std::vector<Tensor> gradients;  // Parameter::gradient(), in parameters() order
   Tensor input_gradient;          // what backward returns: dL/dinput, input_layout()
   std::vector<GemmRecord> gemms;
+  std::vector<CommRecord> comms;
 };
 
 struct Layouts {
@@ -135,6 +136,7 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   result.outputs = to_host(local);
   for (Parameter* p : layer->parameters()) result.gradients.push_back(p->gradient().to_host());
   result.gemms = backend->ledger().records();
+  result.comms = comm.comm_ledger();
   if (layouts != nullptr) {
     layouts->outputs = layout;
     layouts->input = layer->input_layout();
@@ -176,6 +178,30 @@ class ConstructionOnlyCommunicator : public Communicator {
 };
 
 }  // namespace
+
+// One process per rank: every process gets every rank's results. Each compared tensor is
+// flattened to [1, n] on the rank's device and all-gathered to [world, n]; shapes are
+// the same on every rank (equal shards), so row r is rank r's tensor.
+void share_results(Communicator& comm, Device device, std::vector<RankResult>& ranks) {
+  const int me = comm.rank();
+  auto share = [&](auto member) {
+    const Tensor mine = member(ranks[me]);
+    if (!mine.defined()) return;
+    const Tensor rows =
+        comm.all_gather(mine.to_device(device).reshape({1, mine.numel()}), 0).to_host();
+    for (int r = 0; r < comm.size(); ++r) {
+      member(ranks[r]) = rows.slice(0, r, 1).reshape(mine.shape());
+    }
+  };
+  share([](RankResult& r) -> Tensor& { return r.outputs.output; });
+  share([](RankResult& r) -> Tensor& { return r.outputs.bias; });
+  share([](RankResult& r) -> Tensor& { return r.outputs.layernorm_output; });
+  share([](RankResult& r) -> Tensor& { return r.input_gradient; });
+  for (std::size_t i = 0; i < ranks[me].gradients.size(); ++i) {
+    for (int r = 0; r < comm.size(); ++r) ranks[r].gradients.resize(ranks[me].gradients.size());
+    share([i](RankResult& r) -> Tensor& { return r.gradients[i]; });
+  }
+}
 
 Execution cpu_execution() {
   Execution e;
@@ -241,13 +267,17 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   std::vector<RankResult> ranks(config.tp);
   Layouts sharded_layouts;
   ex.launch_group(config.tp, [&](Communicator& comm) {
-    Layouts* mine = comm.rank() == 0 ? &sharded_layouts : nullptr;
+    Layouts* mine = comm.rank() == 0 || ex.one_process_per_rank ? &sharded_layouts : nullptr;
     ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
                                   config.seed, ex, comm, mine);
+    if (ex.one_process_per_rank && comm.size() > 1) {
+      share_results(comm, ex.backend == "cuda" ? Device::kCuda : Device::kCpu, ranks);
+    }
   });
 
   TPCHECK_CHECK(sharded_layouts.param_names == layouts.param_names,
-                "case {}: sharded and single layers have different parameters", c.id);
+                "case {}: sharded and single layers have different parameters ({} vs {})", c.id,
+                fmt::join(sharded_layouts.param_names, ", "), fmt::join(layouts.param_names, ", "));
 
   CaseRun run;
   auto gather = [&](auto member, const ShardSpec& spec) {
@@ -287,7 +317,10 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   }
   run.single_gemms = std::move(single.gemms);
   run.sharded_gemms = ranks[0].gemms;
-  for (RankResult& r : ranks) run.sharded_gemms_by_rank.push_back(std::move(r.gemms));
+  for (RankResult& r : ranks) {
+    run.sharded_gemms_by_rank.push_back(std::move(r.gemms));
+    run.sharded_comms_by_rank.push_back(std::move(r.comms));
+  }
   run.truth_gemms = std::move(truth.gemms);
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return run;

@@ -10,15 +10,18 @@ cd "$(dirname "$0")/../.."
 build="${1:-build}"
 rm -rf .devrun && mkdir -p .devrun/lib .devrun/tests .devrun/bench
 strip -o .devrun/tpcheck "$build/tpcheck"
-for t in "$build"/tests/*_test; do
-  case "$(basename "$t")" in
-    cuda_*|comm_ring_test|nccl_test) strip -o ".devrun/tests/$(basename "$t")" "$t" ;;
-  esac
+for src in tests/gpu/*_test.cpp; do
+  name="$(basename "$src" .cpp)"
+  strip -o ".devrun/tests/$name" "$build/tests/$name"
 done
+strip -o .devrun/nccl_process_check "$build/tests/nccl_process_check"
 for b in "$build"/bench/*_bench "$build"/bench/*_gpu; do
   [ -x "$b" ] && strip -o ".devrun/bench/$(basename "$b")" "$b"
 done
 for lib in libopenblas.so.0 libfmt.so.9 libgfortran.so.5 libquadmath.so.0; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" .devrun/lib/
 done
+# The device tool carries at most 64 MiB: ship one compressed archive (run.sh unpacks it).
+tar -C .devrun -cf - . | gzip -6 >/tmp/tpcheck-devrun.tgz
+rm -rf .devrun && mkdir -p .devrun && mv /tmp/tpcheck-devrun.tgz .devrun/devrun.tgz
 du -sh .devrun

@@ -11,9 +11,15 @@ export NCCL_NVLS_ENABLE=0
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/tpcheck-gpu}"
 mkdir -p "$out"
+# pack.sh ships one archive; unpack it once.
+if [ -f "$root/.devrun/devrun.tgz" ] && [ ! -x "$root/.devrun/tpcheck" ]; then
+  tar -C "$root/.devrun" -xzf "$root/.devrun/devrun.tgz"
+fi
 export LD_LIBRARY_PATH="$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin="$root/.devrun/tpcheck"
 stages="${*:-info tests suite mutations bench}"
+# TPCHECK_GPU_FILTER: a --filter regex for the suite and mutation stages (default: all).
+filter=(); [ -n "${TPCHECK_GPU_FILTER:-}" ] && filter=(--filter "$TPCHECK_GPU_FILTER")
 table="$out/table.md"
 echo "| what | result | seconds |" >"$table"
 echo "|---|---|---|" >>"$table"
@@ -54,16 +60,16 @@ fi
 if has suite; then
   for tp in 1 2 4 8; do
     timed "te suite, cuda, tp $tp emulated" "te_cuda_tp$tp.log" \
-      "$bin" run --backend cuda --tp "$tp" --quiet --json "$out/te_cuda_tp$tp.json"
+      "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --json "$out/te_cuda_tp$tp.json"
   done
   timed "te suite, cuda, tp 4, seq 32 x batch 32" "te_cuda_tp4_1024.log" \
-    "$bin" run --backend cuda --tp 4 --seq 32 --batch 32 --quiet --json "$out/te_cuda_tp4_1024.json"
+    "$bin" run --backend cuda --tp 4 --seq 32 --batch 32 --quiet "${filter[@]}" --json "$out/te_cuda_tp4_1024.json"
 fi
 
 if has mutations; then
   for tp in 2 4 8; do
     for m in $("$bin" mutations | awk '{print $1}'); do
-      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --tp "$tp" --quiet --mutate "$m"
+      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --mutate "$m"
     done
   done
 fi
