@@ -201,9 +201,10 @@ TEST(CudaAttentionNumerics, LargeScoresStayFinite) {
   EXPECT_LE(relative_error(got.fwd.out.to_f64(), ref.fwd.out.to_f64()), 1e-4);
 }
 
-// With TF32 allowed and the rule asking for it, the products are tf32-class on the GPU
-// (what cuBLASLt reports), as the CPU emulates them; the results stay within TF32's
-// error of the fp32 ones.
+// With TF32 allowed and the rule asking for it, the products ask cuBLASLt for TF32
+// compute; the record holds what ran (the algorithm's flags: tf32, or fp32 when the
+// heuristic picks a full-FP32 FMA kernel, the effect tpcheck exists for), and at least
+// the long products run tf32 here; the results stay within TF32's error of the fp32 ones.
 TEST(CudaAttentionNumerics, Tf32RuleReachesTheProducts) {
   SKIP_WITHOUT_GPU();
   CudaBackendOptions o;
@@ -221,7 +222,12 @@ TEST(CudaAttentionNumerics, Tf32RuleReachesTheProducts) {
   const Run tf = run(*gpu, q, k, v, q, mask, scale);
   const Run f32 = run(*gpu32, q, k, v, q, mask, scale);
   ASSERT_EQ(tf.records.size(), 6u);
-  for (const GemmRecord& r : tf.records) EXPECT_EQ(r.math_class, MathClass::kTf32) << r.site;
+  int tf32_products = 0;
+  for (const GemmRecord& r : tf.records) {
+    EXPECT_TRUE(r.math_class == MathClass::kTf32 || r.math_class == MathClass::kFp32) << r.site;
+    tf32_products += r.math_class == MathClass::kTf32;
+  }
+  EXPECT_GE(tf32_products, 1);
   for (const GemmRecord& r : f32.records) EXPECT_EQ(r.math_class, MathClass::kFp32) << r.site;
   const double tf32_u = std::ldexp(1.0, -11);
   EXPECT_LE(relative_error(tf.fwd.out.to_f64(), f32.fwd.out.to_f64()), 8 * tf32_u);
