@@ -20,7 +20,8 @@
 //         are rare, so the norm-wise difference stays well below 2u; bounds 2u for the
 //         forward and the probabilities, 4u for the gradients (the softmax backward's
 //         cancellation magnifies a flipped dP).
-// Thread safety: test code, one thread.
+// Thread safety: test code, one thread, one CUDA backend alive at a time (a CudaBackend
+// makes its stream the constructing thread's current stream, where Tensor operations run).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -79,14 +80,14 @@ std::vector<Case> cases() {
   };
 }
 
-struct Run {
+struct Result {
   AttentionForward fwd;
   AttentionGrads grads;
   std::vector<GemmRecord> records;
 };
 
 // Forward and backward on `be`; inputs and results on the host.
-Run run(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+Result run(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
         const AttentionMask& mask, double scale) {
   const Device dev = be.device();
   const Tensor qd = q.to_device(dev), kd = k.to_device(dev), vd = v.to_device(dev),
@@ -138,8 +139,8 @@ TEST_P(CudaAttention, MatchesCpu) {
     const Tensor k = random_f64({c.s, c.b, c.g, c.d}, "k", 1.0, 22).to(t);
     const Tensor v = random_f64({c.s, c.b, c.g, c.d}, "v", 1.0, 23).to(t);
     const Tensor dout = random_f64({c.s, c.b, c.h, c.d}, "dout", 1.0, 24).to(t);
-    const Run ref = run(*cpu, q, k, v, dout, c.mask, scale);
-    const Run got = run(*gpu, q, k, v, dout, c.mask, scale);
+    const Result ref = run(*cpu, q, k, v, dout, c.mask, scale);
+    const Result got = run(*gpu, q, k, v, dout, c.mask, scale);
 
     ASSERT_EQ(got.fwd.out.dtype(), t);
     ASSERT_EQ(got.fwd.out.shape(), q.shape());
@@ -191,8 +192,8 @@ TEST(CudaAttentionNumerics, LargeScoresStayFinite) {
   const Tensor k = random_f64({9, 2, 2, 5}, "k", 1.0, 32).to(DType::kF32);
   const Tensor v = random_f64({9, 2, 2, 5}, "v", 1.0, 33).to(DType::kF32);
   const AttentionMask mask;
-  const Run ref = run(*cpu, q, k, v, q, mask, 300.0);
-  const Run got = run(*gpu, q, k, v, q, mask, 300.0);
+  const Result ref = run(*cpu, q, k, v, q, mask, 300.0);
+  const Result got = run(*gpu, q, k, v, q, mask, 300.0);
   for (std::int64_t i = 0; i < got.fwd.out.numel(); ++i) {
     ASSERT_TRUE(std::isfinite(got.fwd.out.at(i))) << i;
   }
@@ -207,20 +208,27 @@ TEST(CudaAttentionNumerics, LargeScoresStayFinite) {
 // the long products run tf32 here; the results stay within TF32's error of the fp32 ones.
 TEST(CudaAttentionNumerics, Tf32RuleReachesTheProducts) {
   SKIP_WITHOUT_GPU();
-  CudaBackendOptions o;
-  o.allow_tf32 = true;
-  auto gpu = make_cuda_backend(o);
-  GemmClassRule rule;
-  rule.f32_class = MathClass::kTf32;
-  gpu->set_gemm_rule(rule);
-  auto gpu32 = cuda_backend_fp32();
   const Tensor q = random_f64({64, 2, 4, 32}, "q", 1.0, 41).to(DType::kF32);
   const Tensor k = random_f64({64, 2, 4, 32}, "k", 1.0, 42).to(DType::kF32);
   const Tensor v = random_f64({64, 2, 4, 32}, "v", 1.0, 43).to(DType::kF32);
   const AttentionMask mask;
   const double scale = 1.0 / std::sqrt(32.0);
-  const Run tf = run(*gpu, q, k, v, q, mask, scale);
-  const Run f32 = run(*gpu32, q, k, v, q, mask, scale);
+  // One CUDA backend at a time: each makes its stream the thread's current one.
+  Result tf;
+  {
+    CudaBackendOptions o;
+    o.allow_tf32 = true;
+    auto gpu = make_cuda_backend(o);
+    GemmClassRule rule;
+    rule.f32_class = MathClass::kTf32;
+    gpu->set_gemm_rule(rule);
+    tf = run(*gpu, q, k, v, q, mask, scale);
+  }
+  Result f32;
+  {
+    auto gpu32 = cuda_backend_fp32();
+    f32 = run(*gpu32, q, k, v, q, mask, scale);
+  }
   ASSERT_EQ(tf.records.size(), 6u);
   int tf32_products = 0;
   for (const GemmRecord& r : tf.records) {
