@@ -1,7 +1,8 @@
 // timed_backend.h — a Backend decorator that forwards every op to an inner backend and
 // adds up the wall time spent in each kind of op, so a benchmark can split a layer's time
-// into GEMM, attention, norms, activations, bias, elementwise, and the layer's own code
-// (whatever remains of the total).
+// into GEMM (attention's products included), attention (its layout and softmax
+// primitives), norms, activations, bias, elementwise, and the layer's own code (whatever
+// remains of the total).
 //
 // Two clocks per op kind: wall time, and the calling thread's CPU time
 // (CLOCK_THREAD_CPUTIME_ID). Every op other than a multi-threaded GEMM runs on the calling
@@ -57,8 +58,9 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
   double seconds(OpKind kind) const { return seconds_[static_cast<int>(kind)]; }
   double cpu_seconds(OpKind kind) const { return cpu_seconds_[static_cast<int>(kind)]; }
   // Elements the ops of `kind` were given (the output of a GEMM, the activation tensor of
-  // the others; attention: q): a count of work that no other load on the machine changes,
-  // so the scaling of an op's work can be told apart from the scaling of its time.
+  // the others; attention: its layout and softmax primitives' inputs): a count of work
+  // that no other load on the machine changes, so the scaling of an op's work can be told
+  // apart from the scaling of its time.
   double elements(OpKind kind) const { return elements_[static_cast<int>(kind)]; }
   void reset() {
     seconds_.fill(0.0);
@@ -93,17 +95,6 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
     Timer t(this, OpKind::kActivation, x.numel());
     return inner_->activation_backward(act, dy, x);
   }
-  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const AttentionMask& mask, double scale) override {
-    Timer t(this, OpKind::kAttention, q.numel());
-    return inner_->attention_forward(q, k, v, mask, scale);
-  }
-  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const AttentionForward& saved,
-                                    const AttentionMask& mask, double scale) override {
-    Timer t(this, OpKind::kAttention, q.numel());
-    return inner_->attention_backward(dout, q, k, v, saved, mask, scale);
-  }
   Tensor add(const Tensor& a, const Tensor& b) override {
     Timer t(this, OpKind::kElementwise, a.numel());
     return inner_->add(a, b);
@@ -131,6 +122,25 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
   void run_gemm(const GemmProblem& p, GemmRecord& record) override {
     Timer t(this, OpKind::kGemm, p.m * p.n);
     BackendWrapper::run_gemm(p, record);
+  }
+  // Attention is a composition (Backend::attention_forward / attention_backward): its
+  // products pass run_gemm above and count as GEMM time; its layout and softmax
+  // primitives count here.
+  Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override {
+    Timer t(this, OpKind::kAttention, x.numel());
+    return BackendWrapper::attention_heads_in(x, heads);
+  }
+  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override {
+    Timer t(this, OpKind::kAttention, x.numel());
+    return BackendWrapper::attention_heads_out(x, batch, groups);
+  }
+  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override {
+    Timer t(this, OpKind::kAttention, scores.numel());
+    return BackendWrapper::attention_softmax_forward(scores, mask);
+  }
+  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override {
+    Timer t(this, OpKind::kAttention, dprobs.numel());
+    return BackendWrapper::attention_softmax_backward(dprobs, probs);
   }
 
  private:

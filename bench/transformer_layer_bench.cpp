@@ -14,10 +14,11 @@
 // heads 8 at the same tokens and head dim, for the scaling of the non-GEMM time.
 //
 // Counters of BM_TransformerLayer (per iteration unless a rate):
-//   gemm_flops     Σ 2·m·n·k over the ledger records of one forward + backward
-//   attn_flops     attention's internal products, not in the ledger: 4·b·h·s²·d forward
-//                  (Q·Kᵀ and P·V) and 8·b·h·s²·d backward (dP, dQ, dK, dV); the CPU
-//                  backend computes the full s×s products even under the causal mask
+//   gemm_flops     Σ 2·batch·m·n·k over the ledger records of one forward + backward
+//   attn_flops     the part of gemm_flops that is attention's products (batched ledger
+//                  GEMMs attn.scores/*, attn.context/*): 4·b·h·s²·d forward (Q·Kᵀ and
+//                  P·V) and 8·b·h·s²·d backward (dP, dQ, dK, dV); the full s×s products
+//                  are computed even under the causal mask
 //   gemm_rate      gemm_flops / time inside Backend::gemm           [FLOP/s]
 //   gemm_rate_wall gemm_flops / whole iteration time                [FLOP/s]
 //   t_<op>_ms      wall time inside Backend ops of each kind (timed_backend.h)
@@ -55,7 +56,8 @@ constexpr std::uint64_t kSeed = 1234;
 double ledger_flops(const GemmLedger& ledger) {
   double flops = 0.0;
   for (const GemmRecord& r : ledger.records()) {
-    flops += 2.0 * static_cast<double>(r.m) * static_cast<double>(r.n) * static_cast<double>(r.k);
+    flops += 2.0 * static_cast<double>(r.batch) * static_cast<double>(r.m) *
+             static_cast<double>(r.n) * static_cast<double>(r.k);
   }
   return flops;
 }
@@ -153,7 +155,6 @@ void BM_TransformerLayer(benchmark::State& state) {
   state.counters["gemm_rate"] = gemm_flops * n / gemm_seconds;
   state.counters["gemm_rate_wall"] =
       benchmark::Counter(gemm_flops, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["attn_rate"] = attn_flops * n / backend.seconds(OpKind::kAttention);
 }
 
 // Operands for C[m, n] = A[m, k] · B[n, k]ᵀ (B stored as a layer's weight [out, in]).

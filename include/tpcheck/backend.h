@@ -188,11 +188,23 @@ class Backend {
 
   // Scaled dot-product attention. q [s, b, h, d]; k, v [s, b, g, d] with g dividing h;
   // query head i uses key/value group i / (h / g). out = softmax(scale · q kᵀ + mask) v.
-  virtual AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const AttentionMask& mask, double scale) = 0;
-  virtual AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                            const Tensor& v, const AttentionForward& saved,
-                                            const AttentionMask& mask, double scale) = 0;
+  // Non-virtual: one composition for every backend (src/backend/attention.cpp) of the
+  // attention primitives below and six strided batched GEMMs through gemm_batched(), so
+  // the products are in the ledger and follow gemm_rule(). Sites, batch b·h:
+  //   forward   attn.scores/fwd    S  = scale · Q Kᵀ     [s, s] k = d
+  //             attn.context/fwd   O  = P V              [s, d] k = s
+  //   backward  attn.context/dprobs dP = dO Vᵀ           [s, s] k = d
+  //             attn.context/dvalue dV = Pᵀ dO           [s, d] k = s
+  //             attn.scores/dquery  dQ = scale · dS K    [s, d] k = s
+  //             attn.scores/dkey    dK = scale · dSᵀ Q   [s, d] k = s
+  // Rounding points (TransformerEngine's unfused attention; docs/LAYERS.md): S, P before
+  // the context product, O, dP, dS and the per-head dQ, dK, dV are stored in q's dtype;
+  // the softmax and its backward compute in f32 (f64), and `probs` is saved in f32 (f64).
+  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionMask& mask, double scale);
+  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const AttentionForward& saved,
+                                    const AttentionMask& mask, double scale);
 
   // a + b (same shape), rounded to a's dtype.
   virtual Tensor add(const Tensor& a, const Tensor& b) = 0;
@@ -230,6 +242,28 @@ class Backend {
   // The class `gemm_rule()` gives a GEMM with these input dtypes and reduction length.
   MathClass choose_math_class(DType a, DType b, std::int64_t k) const;
 
+  // ---- attention primitives (attention_forward / attention_backward compose them) ----
+  // Layouts: heads-major [b·h, s, d] is what the batched GEMMs take; [s, b, n, d] is the
+  // layers' layout. Every primitive runs on device() and leaves its inputs unchanged.
+  //
+  // x [s, b, n, d] → [b·h, s, d] in x's dtype (a copy, no rounding); head i of the
+  // result is x's head i / (h / n), so n = g expands key/value groups to heads.
+  // REQUIRES: n divides heads.
+  virtual Tensor attention_heads_in(const Tensor& x, std::int64_t heads) = 0;
+  // x [b·h, s, d] → [s, b, groups, d]: out head j is the sum over the h / groups heads
+  // j·(h / groups) ... (j + 1)·(h / groups) − 1 of x (exactly x's head j when groups = h),
+  // summed in f32 (f64 for f64) and rounded once to x's dtype. REQUIRES: groups divides h.
+  virtual Tensor attention_heads_out(const Tensor& x, std::int64_t batch,
+                                     std::int64_t groups) = 0;
+  // scores [b·h, s_q, s_k] → probs [b·h, s_q, s_k] in f32 (f64 for f64 scores): per row
+  // i (a query position), softmax over the keys j that mask.allows(i, j), computed in
+  // f32 (f64) after subtracting the row maximum; 0 at masked keys; a row with no allowed
+  // key is all 0 (a guard: no AttentionMask masks a whole row when s_q = s_k).
+  virtual Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) = 0;
+  // dS = P ⊙ (dP − rowsum(dP ⊙ P)) in f32 (f64), rounded once to dprobs' dtype.
+  // dprobs [b·h, s_q, s_k] any float dtype; probs as attention_softmax_forward returns.
+  virtual Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) = 0;
+
  private:
   friend class BackendWrapper;
   std::shared_ptr<BackendState> state_ = std::make_shared<BackendState>();
@@ -238,7 +272,8 @@ class Backend {
 // Forwards every op to a target backend and shares its state (rule, ledger, rank), so a
 // decorator (timing, recording) overrides only what it adds and cannot bypass the
 // target. GEMMs still pass the front end once: the wrapper's gemm() validates and
-// records, and its engine is the target's.
+// records, and its engine is the target's; attention composes the wrapper's primitives
+// and GEMMs, so a decorator sees its products as GEMMs.
 class BackendWrapper : public Backend {
  public:
   explicit BackendWrapper(Backend& target) : target_(target) { adopt_state(target); }
@@ -264,15 +299,6 @@ class BackendWrapper : public Backend {
   Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override {
     return target_.activation_backward(act, dy, x);
   }
-  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const AttentionMask& mask, double scale) override {
-    return target_.attention_forward(q, k, v, mask, scale);
-  }
-  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const AttentionForward& saved,
-                                    const AttentionMask& mask, double scale) override {
-    return target_.attention_backward(dout, q, k, v, saved, mask, scale);
-  }
   Tensor add(const Tensor& a, const Tensor& b) override { return target_.add(a, b); }
   void accumulate(Tensor& into, const Tensor& x) override { target_.accumulate(into, x); }
   Tensor scale(const Tensor& x, double s) override { return target_.scale(x, s); }
@@ -289,6 +315,18 @@ class BackendWrapper : public Backend {
  protected:
   void run_gemm(const GemmProblem& p, GemmRecord& record) override {
     target_.run_gemm(p, record);
+  }
+  Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override {
+    return target_.attention_heads_in(x, heads);
+  }
+  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override {
+    return target_.attention_heads_out(x, batch, groups);
+  }
+  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override {
+    return target_.attention_softmax_forward(scores, mask);
+  }
+  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override {
+    return target_.attention_softmax_backward(dprobs, probs);
   }
 
  private:

@@ -2,7 +2,7 @@
 //
 // CpuBackend is the backend CI runs and the one truth runs use. GEMMs go through
 // OpenBLAS with their inputs rounded to the chosen math class (see gemm.cpp); every
-// other op is a straightforward loop with its math in f32 (f64 for f64 inputs) and one
+// other op (attention's primitives too: its products are GEMMs) is a straightforward loop with its math in f32 (f64 for f64 inputs) and one
 // rounding to the storage dtype where a GPU kernel would store.
 // The methods live in one file per op: gemm.cpp, bias.cpp, norm.cpp, activation.cpp,
 // attention.cpp, elementwise.cpp (and cpu_backend.cpp for the factory).
@@ -10,6 +10,7 @@
 // CpuBackend objects may run on distinct threads at once.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "tpcheck/backend.h"
@@ -25,6 +26,13 @@ class CpuBackend final : public Backend {
  protected:
   // gemm.cpp
   void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+
+  // attention.cpp (the primitives; Backend::attention_forward / attention_backward compose
+  // them with the GEMM front end)
+  Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override;
+  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override;
+  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override;
+  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override;
 
  public:
 
@@ -42,13 +50,6 @@ class CpuBackend final : public Backend {
   // activation.cpp
   Tensor activation_forward(Activation act, const Tensor& x) override;
   Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override;
-
-  // attention.cpp
-  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const AttentionMask& mask, double scale) override;
-  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const AttentionForward& saved,
-                                    const AttentionMask& mask, double scale) override;
 
   // elementwise.cpp
   Tensor add(const Tensor& a, const Tensor& b) override;

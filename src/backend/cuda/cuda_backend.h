@@ -54,13 +54,6 @@ class CudaBackend final : public Backend {
   Tensor activation_forward(Activation act, const Tensor& x) override;
   Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override;
 
-  // attention.cu
-  AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const AttentionMask& mask, double scale) override;
-  AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const AttentionForward& saved,
-                                    const AttentionMask& mask, double scale) override;
-
   // elementwise.cu
   Tensor add(const Tensor& a, const Tensor& b) override;
   void accumulate(Tensor& into, const Tensor& x) override;
@@ -71,6 +64,13 @@ class CudaBackend final : public Backend {
  protected:
   // gemm.cu
   void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+
+  // attention.cu (the primitives; Backend::attention_forward / attention_backward compose
+  // them with the GEMM front end, whose engine is gemm.cu)
+  Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override;
+  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override;
+  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override;
+  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override;
 
  private:
   CudaBackendOptions options_;
