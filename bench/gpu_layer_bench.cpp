@@ -1,6 +1,6 @@
 // gpu_layer_bench.cpp — the CUDA backend's speed, each figure next to its ceiling measured
 // in the same process:
-//   copy      device-to-device copy of 4 GiB (bytes read + written per second): the memory
+//   copy      device-to-device copy of 1 GiB (bytes read + written per second): the memory
 //             bandwidth ceiling of the element-wise kernels;
 //   gemm      a dense bf16 8192×8192×8192 GEMM through Backend::gemm (cuBLASLt, random
 //             data): the matrix-rate ceiling;
@@ -78,7 +78,7 @@ int run(int argc, char** argv) {
                      .to_device(Device::kCuda);
     Tensor dst;
     const double s = median_seconds(*be, 10, [&] { dst = src.clone(); });
-    std::printf("copy: %.0f GB/s (4 GiB read + 4 GiB written, median of 10: %.3f ms)\n",
+    std::printf("copy: %.0f GB/s (1 GiB read + 1 GiB written, median of 10: %.3f ms)\n",
                 2.0 * src.nbytes() / s / 1e9, s * 1e3);
   }
   double gemm_rate = 0;
