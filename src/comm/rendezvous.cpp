@@ -3,6 +3,8 @@
 // generation counts towards it only (waiters compare generations, not counts).
 #include "comm/rendezvous.h"
 
+#include "tpcheck/tensor.h"
+
 #include <exception>
 #include <thread>
 
@@ -98,7 +100,12 @@ void Rendezvous::fail_locked(int rank, const std::string& reason) {
   throw Error(ErrorKind::kRuntime, reason, {}, rank);
 }
 
-namespace {
+int normalize_collective_dim(const Tensor& t, int dim, const char* what) {
+  TPCHECK_CHECK(t.defined(), "{}: undefined tensor", what);
+  TPCHECK_CHECK(dim >= -t.rank() && dim < t.rank(), "{}: dim {} out of range for {}", what, dim,
+                t.describe());
+  return dim < 0 ? dim + t.rank() : dim;
+}
 
 std::string describe_exception(const std::exception_ptr& e) {
   try {
@@ -123,7 +130,6 @@ std::string describe_exception(const std::exception_ptr& e) {
   }
 }
 
-}  // namespace
 
 void run_rank_threads(int world, Rendezvous& rv, const std::function<void(int rank)>& body) {
   std::vector<std::exception_ptr> errors(world);

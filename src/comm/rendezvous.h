@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -21,6 +22,17 @@
 #include <vector>
 
 namespace tpcheck {
+
+class Tensor;
+
+// What the communicators share (defined in rendezvous.cpp):
+// `dim` of a collective on `t`, normalized (negative counts from the end); Error naming
+// `what` when t is undefined or dim is out of range.
+int normalize_collective_dim(const Tensor& t, int dim, const char* what);
+// The message of an exception held in `e` ("unknown exception" for non-std ones).
+std::string describe_exception(const std::exception_ptr& e);
+// Rethrows `e` as an Error that carries `rank` (an Error of that rank as it is).
+[[noreturn]] void rethrow_with_rank(const std::exception_ptr& e, int rank);
 
 class Rendezvous {
  public:

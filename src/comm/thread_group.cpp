@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/rendezvous.h"
 #include "comm/ring_reference.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/error.h"
@@ -364,12 +365,6 @@ class GroupState {
   std::string abort_message_;
 };
 
-int normalize_dim(const Tensor& t, int dim, const char* what) {
-  TPCHECK_CHECK(t.defined(), "{}: undefined tensor", what);
-  TPCHECK_CHECK(dim >= -t.rank() && dim < t.rank(), "{}: dim {} out of range for {}", what, dim,
-                t.describe());
-  return dim < 0 ? dim + t.rank() : dim;
-}
 
 class ThreadCommunicator final : public Communicator {
  public:
@@ -380,7 +375,7 @@ class ThreadCommunicator final : public Communicator {
   int size() const override { return world_; }
 
   Tensor all_gather(const Tensor& local, int dim) override {
-    Call c{Kind::kAllGather, normalize_dim(local, dim, "all_gather"), ReduceOp::kSum, 0, local};
+    Call c{Kind::kAllGather, normalize_collective_dim(local, dim, "all_gather"), ReduceOp::kSum, 0, local};
     record(CommKind::kAllGather, local, c.dim, ReduceOp::kSum, 0, "concatenation");
     bool shared = false;
     Tensor out = state_->exchange(rank_, std::move(c), &shared);
@@ -388,7 +383,7 @@ class ThreadCommunicator final : public Communicator {
   }
 
   Tensor reduce_scatter(const Tensor& full, int dim) override {
-    int d = normalize_dim(full, dim, "reduce_scatter");
+    int d = normalize_collective_dim(full, dim, "reduce_scatter");
     TPCHECK_CHECK(full.dim(d) % world_ == 0,
                   "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
                   full.describe(), world_);
@@ -433,30 +428,6 @@ class ThreadCommunicator final : public Communicator {
   int rank_;
   int world_;
 };
-
-std::string describe_exception(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-// Rethrows `e` as an Error that carries `rank`.
-[[noreturn]] void rethrow_with_rank(const std::exception_ptr& e, int rank) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    if (err.rank() == rank) throw;
-    throw Error(err.kind(), err.what(), err.where(), rank);
-  } catch (const std::exception& ex) {
-    throw Error(ErrorKind::kRuntime, ex.what(), {}, rank);
-  } catch (...) {
-    throw Error(ErrorKind::kRuntime, "unknown exception", {}, rank);
-  }
-}
 
 }  // namespace
 

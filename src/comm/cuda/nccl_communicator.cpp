@@ -101,12 +101,6 @@ ncclDataType_t nccl_type(DType dtype, bool reduction, const char* what) {
   }
 }
 
-int normalize_dim(const Tensor& t, int dim, const char* what) {
-  TPCHECK_CHECK(t.defined(), "{}: undefined tensor", what);
-  TPCHECK_CHECK(dim >= -t.rank() && dim < t.rank(), "{}: dim {} out of range for {}", what, dim,
-                t.describe());
-  return dim < 0 ? dim + t.rank() : dim;
-}
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -158,7 +152,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return world_; }
 
   Tensor all_gather(const Tensor& local, int dim) override {
-    const int d = normalize_dim(local, dim, "all_gather");
+    const int d = normalize_collective_dim(local, dim, "all_gather");
     check_device(local, "all_gather");
     record(CommKind::kAllGather, local, d, ReduceOp::kSum, 0, "nccl");
     const ncclDataType_t type = nccl_type(local.dtype(), false, "all_gather");
@@ -176,7 +170,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   Tensor reduce_scatter(const Tensor& full, int dim) override {
-    const int d = normalize_dim(full, dim, "reduce_scatter");
+    const int d = normalize_collective_dim(full, dim, "reduce_scatter");
     check_device(full, "reduce_scatter");
     TPCHECK_CHECK(full.dim(d) % world_ == 0,
                   "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
