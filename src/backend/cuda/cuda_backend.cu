@@ -66,7 +66,12 @@ CudaBackend::~CudaBackend() {
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (stream_ != nullptr) {
-    if (cuda::current_stream() == stream_) cuda::set_current_stream(options_.device, nullptr);
+    if (cuda::current_stream() == stream_) {
+      try {
+        cuda::set_current_stream(options_.device, nullptr);
+      } catch (...) {  // a destructor must not throw; the stream is gone either way
+      }
+    }
     cudaStreamDestroy(stream_);
   }
 }
