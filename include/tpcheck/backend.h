@@ -65,6 +65,15 @@ struct AttentionMask {
   bool allows(std::int64_t query, std::int64_t key) const;
 };
 
+// ---- checks every backend applies (backend.cpp; same messages on every backend) ----------
+// The output shape of `act` on x: x's, with the last dimension halved when gated.
+// Error(kInput) when x is undefined or rank 0, or a gated input's last dimension is odd.
+Shape activation_output_shape(Activation act, const Tensor& x);
+// A norm's input: defined, rank >= 1, a non-empty last dimension.
+void check_norm_input(NormKind kind, const Tensor& x);
+// A norm parameter or its gradient (`what`: "gamma", "dbeta", ...): [x.dim(-1)].
+void check_norm_param(NormKind kind, std::string_view what, const Tensor& x, const Tensor& p);
+
 // ---- saved state -------------------------------------------------------------------
 struct NormForward {
   Tensor y;     // normalized output, input dtype

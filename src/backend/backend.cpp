@@ -69,6 +69,35 @@ Activation parse_activation(std::string_view name) {
 }
 bool is_gated(Activation a) { return a == Activation::kGeglu || a == Activation::kSwiglu; }
 
+Shape activation_output_shape(Activation act, const Tensor& x) {
+  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1,
+                      "activation {}: expected an input of rank >= 1, got {}", activation_name(act),
+                      x.defined() ? x.describe() : "an undefined tensor");
+  Shape shape = x.shape();
+  if (is_gated(act)) {
+    TPCHECK_CHECK_INPUT(shape.back() % 2 == 0,
+                        "activation {}: the gated input's last dimension holds [a | b] and must "
+                        "be even, got shape {}",
+                        activation_name(act), shape_str(shape));
+    shape.back() /= 2;
+  }
+  return shape;
+}
+
+void check_norm_input(NormKind kind, const Tensor& x) {
+  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) > 0,
+                      "{}: input {}; expected a tensor with a non-empty last dimension",
+                      norm_kind_name(kind), x.defined() ? x.describe() : "undefined");
+}
+
+void check_norm_param(NormKind kind, std::string_view what, const Tensor& x, const Tensor& p) {
+  TPCHECK_CHECK_INPUT(p.defined(), "{}: {} is undefined; expected a [{}] tensor",
+                      norm_kind_name(kind), what, x.dim(-1));
+  TPCHECK_CHECK_INPUT(p.rank() == 1 && p.dim(0) == x.dim(-1),
+                      "{}: {} is {}, input {}; expected {} of shape [{}] (the last dimension)",
+                      norm_kind_name(kind), what, p.describe(), x.describe(), what, x.dim(-1));
+}
+
 bool AttentionMask::allows(std::int64_t query, std::int64_t key) const {
   switch (type) {
     case Type::kNoMask:

@@ -101,6 +101,7 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
                     const GemmClassRule& rule, Mutation mutation, std::uint64_t seed,
                     const Execution& execution, Communicator& comm, Layouts* layouts) {
   std::unique_ptr<Backend> backend = execution.make_backend(comm.rank());
+  comm.clear_comm_ledger();  // a process group's communicator lives across cases
   backend->set_gemm_rule(rule);
   backend->set_rank(comm.rank());
   const Device device = backend->device();

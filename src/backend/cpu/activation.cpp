@@ -77,24 +77,6 @@ ValueAndGrad<Real> evaluate(Activation act, Real x) {
   return {};
 }
 
-// ---- shapes ---------------------------------------------------------------------------
-
-// The output shape of `act` on x: x's shape, with the last dim halved when gated.
-Shape output_shape(Activation act, const Tensor& x) {
-  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1,
-                      "activation {}: expected an input of rank >= 1, got {}", activation_name(act),
-                      x.defined() ? x.describe() : "an undefined tensor");
-  Shape shape = x.shape();
-  if (is_gated(act)) {
-    TPCHECK_CHECK_INPUT(shape.back() % 2 == 0,
-                        "activation {}: the gated input's last dimension holds [a | b] and must "
-                        "be even, got shape {}",
-                        activation_name(act), shape_str(shape));
-    shape.back() /= 2;
-  }
-  return shape;
-}
-
 // ---- buffers ----------------------------------------------------------------------------
 // The big MLP activations (tokens × ffn) are memory-bound: read a tensor in place when it
 // already stores Real, and write results straight into the output when it stores Real.
@@ -191,12 +173,12 @@ Tensor backward(Activation act, const Tensor& dy, const Tensor& x) {
 }  // namespace
 
 Tensor CpuBackend::activation_forward(Activation act, const Tensor& x) {
-  const Shape out_shape = output_shape(act, x);
+  const Shape out_shape = activation_output_shape(act, x);
   return cpu::is_f64(x) ? forward<double>(act, x, out_shape) : forward<float>(act, x, out_shape);
 }
 
 Tensor CpuBackend::activation_backward(Activation act, const Tensor& dy, const Tensor& x) {
-  const Shape out_shape = output_shape(act, x);
+  const Shape out_shape = activation_output_shape(act, x);
   TPCHECK_CHECK_INPUT(dy.defined() && dy.shape() == out_shape,
                       "activation {} backward: dy must have the output's shape {} (input {}), "
                       "got {}",

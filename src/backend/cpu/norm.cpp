@@ -23,20 +23,6 @@ namespace {
 
 DType math_dtype(const Tensor& x) { return cpu::is_f64(x) ? DType::kF64 : DType::kF32; }
 
-void check_param(NormKind kind, std::string_view what, const Tensor& x, const Tensor& p) {
-  TPCHECK_CHECK_INPUT(p.defined(), "{}: {} is undefined; expected a [{}] tensor",
-                      norm_kind_name(kind), what, x.dim(-1));
-  TPCHECK_CHECK_INPUT(p.rank() == 1 && p.dim(0) == x.dim(-1),
-                      "{}: {} is {}, input {}; expected {} of shape [{}] (the last dimension)",
-                      norm_kind_name(kind), what, p.describe(), x.describe(), what, x.dim(-1));
-}
-
-void check_input(NormKind kind, const Tensor& x) {
-  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) > 0,
-                      "{}: input {}; expected a tensor with a non-empty last dimension",
-                      norm_kind_name(kind), x.defined() ? x.describe() : "undefined");
-}
-
 // The scale applied to x̂: gamma, or 1 + gamma.
 template <typename Real>
 std::vector<Real> scale_of(const Tensor& gamma, bool zero_centered_gamma) {
@@ -145,9 +131,9 @@ Tensor backward_impl(NormKind kind, const Tensor& dy, const Tensor& x, const Ten
 
 NormForward CpuBackend::norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma,
                                      const Tensor& beta, double eps, bool zero_centered_gamma) {
-  check_input(kind, x);
-  check_param(kind, "gamma", x, gamma);
-  if (kind == NormKind::kLayerNorm) check_param(kind, "beta", x, beta);
+  check_norm_input(kind, x);
+  check_norm_param(kind, "gamma", x, gamma);
+  if (kind == NormKind::kLayerNorm) check_norm_param(kind, "beta", x, beta);
   TPCHECK_CHECK_INPUT(eps >= 0, "{}: eps = {}; expected eps >= 0", norm_kind_name(kind), eps);
   if (cpu::is_f64(x)) return forward_impl<double>(kind, x, gamma, beta, eps, zero_centered_gamma);
   return forward_impl<float>(kind, x, gamma, beta, eps, zero_centered_gamma);
@@ -156,10 +142,10 @@ NormForward CpuBackend::norm_forward(NormKind kind, const Tensor& x, const Tenso
 Tensor CpuBackend::norm_backward(NormKind kind, const Tensor& dy, const Tensor& x,
                                  const Tensor& gamma, const NormForward& saved,
                                  bool zero_centered_gamma, Tensor& dgamma, Tensor& dbeta) {
-  check_input(kind, x);
-  check_param(kind, "gamma", x, gamma);
-  check_param(kind, "dgamma", x, dgamma);
-  if (kind == NormKind::kLayerNorm && dbeta.defined()) check_param(kind, "dbeta", x, dbeta);
+  check_norm_input(kind, x);
+  check_norm_param(kind, "gamma", x, gamma);
+  check_norm_param(kind, "dgamma", x, dgamma);
+  if (kind == NormKind::kLayerNorm && dbeta.defined()) check_norm_param(kind, "dbeta", x, dbeta);
   TPCHECK_CHECK_INPUT(dy.defined() && dy.shape() == x.shape(),
                       "{}: dy is {}, x is {}; expected the same shape", norm_kind_name(kind),
                       dy.defined() ? dy.describe() : "undefined", x.describe());

@@ -228,20 +228,10 @@ void launch_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
       TPCHECK_CHECK(false, "unknown activation {}", static_cast<int>(act)); \
   }
 
-// The output shape of `act` on x: x's shape, with the last dim halved when gated (the
-// CPU's check and messages), after checking x is a GPU tensor.
+// The output shape of `act` on x (the shared check, backend.cpp), after checking x is a
+// GPU tensor.
 Shape output_shape(Activation act, const Tensor& x) {
-  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1,
-                      "activation {}: expected an input of rank >= 1, got {}", activation_name(act),
-                      x.defined() ? x.describe() : "an undefined tensor");
-  Shape shape = x.shape();
-  if (is_gated(act)) {
-    TPCHECK_CHECK_INPUT(shape.back() % 2 == 0,
-                        "activation {}: the gated input's last dimension holds [a | b] and must "
-                        "be even, got shape {}",
-                        activation_name(act), shape_str(shape));
-    shape.back() /= 2;
-  }
+  Shape shape = activation_output_shape(act, x);
   check_cuda_operand(TPCHECK_FORMAT("activation {}", activation_name(act)), "x", x);
   return shape;
 }

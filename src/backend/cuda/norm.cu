@@ -148,19 +148,14 @@ void launch_norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, cons
 
 // ---- validation (the CPU's checks and messages, then the GPU's) ------------------------
 
+// The shared checks (backend.cpp), then the GPU's: every operand on the GPU.
 void check_param(NormKind kind, std::string_view what, const Tensor& x, const Tensor& p) {
-  TPCHECK_CHECK_INPUT(p.defined(), "{}: {} is undefined; expected a [{}] tensor",
-                      norm_kind_name(kind), what, x.dim(-1));
-  TPCHECK_CHECK_INPUT(p.rank() == 1 && p.dim(0) == x.dim(-1),
-                      "{}: {} is {}, input {}; expected {} of shape [{}] (the last dimension)",
-                      norm_kind_name(kind), what, p.describe(), x.describe(), what, x.dim(-1));
+  check_norm_param(kind, what, x, p);
   check_cuda_operand(norm_kind_name(kind), what, p);
 }
 
 void check_input(NormKind kind, const Tensor& x) {
-  TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) > 0,
-                      "{}: input {}; expected a tensor with a non-empty last dimension",
-                      norm_kind_name(kind), x.defined() ? x.describe() : "undefined");
+  check_norm_input(kind, x);
   check_cuda_operand(norm_kind_name(kind), "x", x);
 }
 
