@@ -6,6 +6,7 @@
 //   <conversion>  <narrow>_to_f32          input: the narrow format's bits (u16 or u8)
 //                 f32_to_<narrow>          input: f32; output: the narrow format's bits
 //                 f64_to_<narrow>          input: f64; output: the narrow format's bits
+//                 f64_to_f32               input: f64; output: round_to(f32, double) as f32
 //                 f32_round_<dtype>        input: f32; output: round_to(dtype, float) as f32
 //                 f64_round_<dtype>        input: f64; output: round_to(dtype, double) as f64
 //                 f32_to_tf32              input: f32; output: round_tf32 as f32
@@ -77,6 +78,13 @@ void run(std::string_view conv, std::string_view mode_text, const std::string& i
     const auto mode = mode_text == "nearest" ? tpcheck::Tf32Rounding::kNearestEven
                                              : tpcheck::Tf32Rounding::kTruncate;
     apply<float, float>(bytes, out_path, [&](float v) { return tpcheck::round_tf32(v, mode); });
+  } else if (conv == "f64_to_f32") {
+    // round_to(kF32, double) returns an f32 value widened to f64, so narrowing it back
+    // is exact; the f32 bits (sign of zero, NaN payload) are what the test compares.
+    const CastMode mode = parse_cast_mode(mode_text);
+    apply<double, float>(bytes, out_path, [&](double v) {
+      return static_cast<float>(tpcheck::round_to(DType::kF32, v, mode));
+    });
   } else if (starts("f32_round_")) {
     const DType dt = tpcheck::parse_dtype(conv.substr(10));
     const CastMode mode = parse_cast_mode(mode_text);
