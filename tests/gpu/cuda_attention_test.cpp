@@ -24,6 +24,8 @@
 // makes its stream the constructing thread's current stream, where Tensor operations run).
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_test_support.h"
+
 #include <cmath>
 #include <memory>
 #include <ostream>
@@ -42,12 +44,6 @@ namespace {
 using testing::random_f64;
 using testing::relative_error;
 
-bool have_gpu() { return query_devices().cuda_devices > 0; }
-
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    if (!have_gpu()) GTEST_SKIP() << "no GPU: " << query_devices().description; \
-  } while (0)
 
 AttentionMask make_mask(AttentionMask::Type type, std::int64_t left, std::int64_t right) {
   AttentionMask m;
@@ -128,7 +124,7 @@ double bound_backward(DType t) {
 class CudaAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaAttention, MatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TPCHECK_REQUIRE_GPU();
   const Case& c = GetParam();
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
   auto cpu = make_cpu_backend();
@@ -185,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(cases()),
 
 // Large scores (|S| ~ 1e3 in f32) stay finite: the kernels subtract the row maximum.
 TEST(CudaAttentionNumerics, LargeScoresStayFinite) {
-  SKIP_WITHOUT_GPU();
+  TPCHECK_REQUIRE_GPU();
   auto cpu = make_cpu_backend();
   auto gpu = cuda_backend_fp32();
   const Tensor q = random_f64({9, 2, 2, 5}, "q", 1.0, 31).to(DType::kF32);
@@ -207,7 +203,7 @@ TEST(CudaAttentionNumerics, LargeScoresStayFinite) {
 // heuristic picks a full-FP32 FMA kernel, the effect tpcheck exists for), and at least
 // the long products run tf32 here; the results stay within TF32's error of the fp32 ones.
 TEST(CudaAttentionNumerics, Tf32RuleReachesTheProducts) {
-  SKIP_WITHOUT_GPU();
+  TPCHECK_REQUIRE_GPU();
   const Tensor q = random_f64({64, 2, 4, 32}, "q", 1.0, 41).to(DType::kF32);
   const Tensor k = random_f64({64, 2, 4, 32}, "k", 1.0, 42).to(DType::kF32);
   const Tensor v = random_f64({64, 2, 4, 32}, "v", 1.0, 43).to(DType::kF32);
@@ -244,7 +240,7 @@ TEST(CudaAttentionNumerics, Tf32RuleReachesTheProducts) {
 
 // The primitives check their inputs before launching anything.
 TEST(CudaAttentionErrors, HostTensorsAndBadShapes) {
-  SKIP_WITHOUT_GPU();
+  TPCHECK_REQUIRE_GPU();
   auto gpu = cuda_backend_fp32();
   const Tensor q = random_f64({4, 1, 4, 2}, "q").to(DType::kF32);
   const Tensor k = random_f64({4, 1, 3, 2}, "k").to(DType::kF32);
