@@ -712,9 +712,11 @@ def run_case_on(case, group, full, dtype, sp, probe=None):
     target = full["target"].to(dtype)
     losses = [F.mse_loss(y, target) for y in y_global]
     seen = probe.count if probe is not None else 0
-    torch.autograd.backward(losses)
+    # Autograd runs a CUDA backward on a device thread; under the probe it runs on this
+    # thread, where the dispatch mode surely is.
+    with torch.autograd.set_multithreading_enabled(probe is None):
+        torch.autograd.backward(losses)
     if probe is not None and probe.count == seen:
-        # Autograd runs a CUDA backward on its device thread; the dispatch mode must follow.
         raise RuntimeError("the rounding probe saw no backward op; the truth floor would "
                            "miss the backward's rounding")
 
@@ -792,15 +794,17 @@ def tensor_stats(sharded, single, truth, probed):
     rtol, atol = TOLERANCE.get(single.dtype, (0.0, 0.0))
     a, b = sharded.reshape(-1), single.reshape(-1)
     d = (a - b).abs()  # in the tensors' dtype, as the reference suite takes it
-    i = torch.argmax(d)
+    i = torch.argmax(d).view(1)  # first maximum, NaN first; indexed by index_select (a
+    # 0-d tensor index would be read on the host: a sync)
     a64, b64, t64 = a.double(), b.double(), truth.reshape(-1).double()
+    at = lambda x: x.index_select(0, i).squeeze(0)  # noqa: E731
     exact = (a64 - b64).abs()
     es1, es2 = b64 - t64, a64 - t64
     noise = (probed.reshape(-1).double() - t64) / PROBE_U
     iv = INT_VIEW[single.dtype]
     f = lambda x: x.double()  # noqa: E731
     return torch.stack([
-        f(i), f(d[i]), a64[i], b64[i], (exact * exact).sum(), (b64 * b64).sum(),
+        f(i.squeeze(0)), f(at(d)), at(a64), at(b64), (exact * exact).sum(), (b64 * b64).sum(),
         f((~(exact <= atol + rtol * b64.abs())).sum()), f((a.view(iv) != b.view(iv)).sum()),
         f(a.isnan().sum()), f(a.isinf().sum()), f(b.isnan().sum()), f(b.isinf().sum()),
         f(torch.count_nonzero(a)), f(torch.count_nonzero(b)), f((~t64.isfinite()).sum()),
@@ -987,6 +991,9 @@ def main(argv=None):
     ap.add_argument("--policy", choices=POLICIES, default="truth")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--quiet", action="store_true", help="print only failing cases")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="cuda: warn at every host-device sync (expected: one per case, the "
+                    "statistics' transfer)")
     for s in ("hidden", "ffn", "heads", "seq", "batch"):
         ap.add_argument(f"--{s}", type=int, default=None)
     args = ap.parse_args(argv)
@@ -1046,6 +1053,8 @@ def main(argv=None):
     with RoundingProbe(PROBE_U, None):
         torch.ones(1, dtype=torch.float64, device=device) * 2
     warm = time.perf_counter() - warm
+    if args.sync_debug and device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("warn")
     start = time.perf_counter()
     passed = failed = 0
     for case in cases:
