@@ -58,18 +58,25 @@ case "$mode" in
     tp_cmd=("$tpcheck" run --backend cuda --comm nccl --tp "$tp" --suite te)
     pt_cmd=("$torchrun" --standalone --nproc_per_node="$tp" "$bench_py" --distributed --device cuda) ;;
   cpu)
+    # PyTorch with one intra-op thread, as torchrun sets it: with its default (a thread
+    # per core) the suite's tiny ops ran 10x slower on the shared 2-core machine.
     tp_cmd=("$tpcheck" run --backend cpu --tp "$tp" --suite te)
-    pt_cmd=("$python" "$bench_py" --device cpu --tp "$tp") ;;
+    pt_cmd=(env OMP_NUM_THREADS=1 "$python" "$bench_py" --device cpu --tp "$tp") ;;
 esac
 
-# Runs "$@" with stdout+stderr to $log; prints "<seconds> <exit status>".
+# Runs "$@" with stdout+stderr to $log; prints "<wall seconds> <exit status> <CPU
+# seconds, user + system, of the process and its children>" (CPU "?" without GNU time).
+# The CPU figure matters on a shared machine, where the wall time includes waiting.
 timed() {
   local log="$1"; shift
-  local t0 t1 rc=0
+  local t0 t1 rc=0 cpu="?"
+  local wrap=()
+  [[ -x /usr/bin/time ]] && wrap=(/usr/bin/time -f "%U %S" -o "$log.cpu")
   t0=$(date +%s.%N)
-  "$@" >"$log" 2>&1 || rc=$?
+  "${wrap[@]}" "$@" >"$log" 2>&1 || rc=$?
   t1=$(date +%s.%N)
-  echo "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}') $rc"
+  [[ -s "$log.cpu" ]] && cpu=$(awk 'END {printf "%.1f", $1 + $2}' "$log.cpu")
+  echo "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}') $rc $cpu"
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
@@ -88,13 +95,13 @@ echo "logs:    $out"
 status=0
 tp_times=(); pt_times=()
 for ((i = 1; i <= runs; i++)); do
-  read -r t rc < <(timed "$out/tpcheck.$i.log" "${tp_cmd[@]}")
+  read -r t rc cpu < <(timed "$out/tpcheck.$i.log" "${tp_cmd[@]}")
   tp_times+=("$t")
-  echo "run $i tpcheck: $(printf '%.2f' "$t") s, exit $rc, $(tail -n 1 "$out/tpcheck.$i.log")"
+  echo "run $i tpcheck: $(printf '%.2f' "$t") s wall, $cpu s CPU, exit $rc, $(tail -n 1 "$out/tpcheck.$i.log")"
   [[ $rc == 0 ]] || status=1
-  read -r t rc < <(timed "$out/pytorch.$i.log" "${pt_cmd[@]}")
+  read -r t rc cpu < <(timed "$out/pytorch.$i.log" "${pt_cmd[@]}")
   pt_times+=("$t")
-  echo "run $i pytorch: $(printf '%.2f' "$t") s, exit $rc, $(grep -E '^[0-9]+ passed' "$out/pytorch.$i.log" | tail -n 1)"
+  echo "run $i pytorch: $(printf '%.2f' "$t") s wall, $cpu s CPU, exit $rc, $(grep -E '^[0-9]+ passed' "$out/pytorch.$i.log" | tail -n 1)"
   [[ $rc == 0 ]] || status=1
 done
 
