@@ -17,15 +17,34 @@
 #   --tp N sets the emulated TP size (default 4; 2 with --cpu). --runs R repeats each
 #   side R times (default 1) and reports every run and the median.
 #
-# Environment: TPCHECK (default build/tpcheck), PYTHON (python3), TORCHRUN (torchrun).
+# Environment: TPCHECK (default: .devrun/tpcheck as tests/gpu/pack.sh ships it, with its
+# libraries, else build/tpcheck), PYTHON (python3, the one with torch), TORCHRUN (default
+# "$PYTHON -m torch.distributed.run"). NCCL_NVLS_ENABLE=0 and
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless set (no NVLink multicast on shared GPUs).
 # Logs of every run go to $OUT (default bench/out/suite_vs_pytorch-<UTC time>/).
 # Exit status: 0 when both sides ran and passed every case, 1 otherwise.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-tpcheck="${TPCHECK:-$root/build/tpcheck}"
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+export TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}"
 python="${PYTHON:-python3}"
-torchrun="${TORCHRUN:-torchrun}"
+tp_env=()
+if [[ -n "${TPCHECK:-}" ]]; then
+  tpcheck="$TPCHECK"
+else
+  # tests/gpu/pack.sh ships one archive; unpack it once (as tests/gpu/run.sh does).
+  if [[ -f "$root/.devrun/devrun.tgz" && ! -x "$root/.devrun/tpcheck" ]]; then
+    tar -C "$root/.devrun" -xzf "$root/.devrun/devrun.tgz"
+  fi
+  if [[ -x "$root/.devrun/tpcheck" ]]; then
+    tpcheck="$root/.devrun/tpcheck"
+    tp_env=(env "LD_LIBRARY_PATH=$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  else
+    tpcheck="$root/build/tpcheck"
+  fi
+fi
+if [[ -n "${TORCHRUN:-}" ]]; then read -r -a torchrun <<<"$TORCHRUN"; else torchrun=("$python" -m torch.distributed.run); fi
 mode=emulated
 tp=""
 runs=1
@@ -52,15 +71,15 @@ bench_py="$root/bench/pytorch_te_suite.py"
 [[ $mode == emulated ]] && export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 case "$mode" in
   emulated)
-    tp_cmd=("$tpcheck" run --backend cuda --comm emulated --tp "$tp" --suite te)
+    tp_cmd=("${tp_env[@]}" "$tpcheck" run --backend cuda --comm emulated --tp "$tp" --suite te)
     pt_cmd=("$python" "$bench_py" --device cuda --tp "$tp") ;;
   distributed)
-    tp_cmd=("$tpcheck" run --backend cuda --comm nccl --tp "$tp" --suite te)
-    pt_cmd=("$torchrun" --standalone --nproc_per_node="$tp" "$bench_py" --distributed --device cuda) ;;
+    tp_cmd=("${tp_env[@]}" "$tpcheck" run --backend cuda --comm nccl --tp "$tp" --suite te)
+    pt_cmd=("${torchrun[@]}" --standalone --nproc_per_node="$tp" "$bench_py" --distributed --device cuda) ;;
   cpu)
     # PyTorch with one intra-op thread, as torchrun sets it: with its default (a thread
     # per core) the suite's tiny ops ran 10x slower on the shared 2-core machine.
-    tp_cmd=("$tpcheck" run --backend cpu --tp "$tp" --suite te)
+    tp_cmd=("${tp_env[@]}" "$tpcheck" run --backend cpu --tp "$tp" --suite te)
     pt_cmd=(env OMP_NUM_THREADS=1 "$python" "$bench_py" --device cpu --tp "$tp") ;;
 esac
 
