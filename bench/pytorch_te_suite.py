@@ -50,6 +50,14 @@ Two ways to run the ranks:
       TransformerEngine's run_numerics.py does, would cost the same wall time (the ranks
       run in parallel) and only duplicate work.
 
+Options as tpcheck's: --filter, --policy, --seed, --quiet, --tf32, --hidden --ffn --heads
+--seq --batch. Timing notes: the first op under the probe's TorchDispatchMode imports
+PyTorch's Python dispatcher (seconds, once; the summary line gives it); on a CPU, run with
+OMP_NUM_THREADS=1 (torchrun's default): the suite's ops are tiny. --sync-debug (cuda)
+warns at every host-device synchronization; the one expected is the per-case transfer.
+bench/suite_vs_pytorch.sh times this against tpcheck; tests/python/test_pytorch_te_suite.py
+checks its f64 truth against tests/python/jax_layers.py.
+
 Exit code: 0 when every case passes the chosen policy, 1 otherwise, 2 for bad options.
 """
 
@@ -61,7 +69,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
