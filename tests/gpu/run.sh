@@ -5,8 +5,9 @@
 #
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
-# Stages (default: all): info tests suite badinput mutations bench; also (not in the
-# default set) production: the te suite at production shapes, TP 8 emulated.
+# Stages (default: all): info tests suite badinput mutations bench; also, not in the
+# default set: production (the te suite at production shapes, TP 8 emulated) and pytorch
+# (the te suite against its PyTorch twin).
 # NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -121,6 +122,13 @@ if has bench; then
     [ -x "$b" ] || continue
     timed "bench $(basename "$b")" "bench_$(basename "$b").log" "$b"
   done
+fi
+
+# Not in the default stages: the te suite against its PyTorch twin (bench/suite_vs_pytorch.sh,
+# TP 4 emulated on one GPU, 3 runs each; python3 must hold torch). Its table is in the log.
+if has pytorch; then
+  timed "suite vs PyTorch, TP 4 emulated" suite_vs_pytorch.log \
+    env TPCHECK="$bin" OUT="$out/suite_vs_pytorch" bash "$root/bench/suite_vs_pytorch.sh" --runs 3
 fi
 
 # The GEMM algorithm / class differences of every suite run, in one file.
