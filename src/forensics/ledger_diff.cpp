@@ -229,7 +229,7 @@ std::string format_cublaslt_diff(const CublasLtDiff& d, std::string_view la, std
     out += "every aligned call ran the same algorithm with the same compute type\n";
     return out;
   }
-  out += fmt::format("{} aligned calls differ, in {} groups:\n", differing, d.groups.size());
+  out += fmt::format("{} aligned calls differ, in {} group{}:\n", differing, d.groups.size(), d.groups.size() == 1 ? "" : "s");
   for (const CublasLtDiffGroup& g : d.groups) {
     std::string what;
     if (g.algorithm_differs) what += "algorithm";
