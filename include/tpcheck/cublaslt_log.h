@@ -114,12 +114,16 @@ CublasLtLog parse_cublaslt_log(std::string_view text);
 CublasLtLog read_cublaslt_log(const std::string& path);
 
 // Two call streams lined up: by order, and by shape where calls were added or dropped.
-// Two calls pair when they have the same types, transposes, epilogue and batch layout
-// and their (m, n, k, batch) agree except in at most one dimension, where one is a whole
-// multiple of the other (the dimension a tensor-parallel run shards).
+// Two calls pair when they have the same types, transposes, epilogue and layout orders
+// and their (m, n, k, batch) agree except in dimensions where one is a whole multiple of
+// the other. A pair with at most one such dimension (the one a tensor-parallel run
+// shards) is preferred: in order, else found up to 256 calls ahead; a pair whose shapes
+// differ in several dimensions (tokens per rank changed too) is taken in order unless a
+// closer one lies within 4 calls. Calls left unpaired on both sides that are the same
+// problem then pair in order (threads of one process interleave differently per run).
 struct CublasLtPair {
   std::optional<std::size_t> a, b;   // indices into the two call vectors; one may be absent
-  bool shape_differs = false;        // paired with one dimension different
+  bool shape_differs = false;        // paired with some dimension different
   bool algorithm_differs = false;
   bool compute_differs = false;      // compute or scale type differs
 };

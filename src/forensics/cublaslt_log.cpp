@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "tpcheck/error.h"
@@ -351,12 +352,17 @@ std::string CublasLtCall::kind_text() const {
 
 namespace {
 
-// 0: same problem; 1: paired with one dimension different; -1: not the same GEMM.
-int match_kind(const CublasLtCall& x, const CublasLtCall& y) {
+// How two calls relate: kSame problem; kOneDim: one of (m, n, k, batch) differs by a
+// whole factor (the dimension a tensor-parallel run shards); kManyDims: several differ,
+// each by a whole factor (e.g. tokens per rank changed too); kOther: not the same GEMM
+// (types, transposes, epilogue or layout orders differ).
+enum class Match { kSame, kOneDim, kManyDims, kOther };
+
+Match match_kind(const CublasLtCall& x, const CublasLtCall& y) {
   if (x.a.type != y.a.type || x.b.type != y.b.type || x.d.type != y.d.type ||
       x.trans_a != y.trans_a || x.trans_b != y.trans_b || x.epilogue != y.epilogue ||
       x.a.order != y.a.order || x.b.order != y.b.order || x.d.order != y.d.order) {
-    return -1;
+    return Match::kOther;
   }
   const std::int64_t dx[4] = {x.m, x.n, x.k, x.d.batch_count};
   const std::int64_t dy[4] = {y.m, y.n, y.k, y.d.batch_count};
@@ -364,15 +370,21 @@ int match_kind(const CublasLtCall& x, const CublasLtCall& y) {
   for (int i = 0; i < 4; ++i) {
     if (dx[i] == dy[i]) continue;
     const std::int64_t lo = std::min(dx[i], dy[i]), hi = std::max(dx[i], dy[i]);
-    if (lo <= 0 || hi % lo != 0) return -1;
+    if (lo <= 0 || hi % lo != 0) return Match::kOther;
     ++differing;
   }
-  return differing == 0 ? 0 : (differing == 1 ? 1 : -1);
+  return differing == 0 ? Match::kSame : (differing == 1 ? Match::kOneDim : Match::kManyDims);
 }
 
+bool close_match(Match m) { return m == Match::kSame || m == Match::kOneDim; }
+bool loose_match(Match m) { return m != Match::kOther; }
+
 // How far ahead to look for the partner of a call when the streams have drifted apart
-// (calls added or dropped in one run).
+// (calls added or dropped in one run, e.g. every call twice from two ranks).
 constexpr std::size_t kLookahead = 256;
+// How far a close match may lie ahead and still be preferred to a several-dimension pair
+// in place (two ranks' copies of a call are adjacent).
+constexpr std::size_t kNearby = 4;
 
 }  // namespace
 
@@ -380,43 +392,86 @@ std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& 
                                                const std::vector<CublasLtCall>& b) {
   std::vector<CublasLtPair> pairs;
   pairs.reserve(std::max(a.size(), b.size()));
-  auto pair = [&](std::size_t i, std::size_t j, int kind) {
+  auto pair = [&](std::size_t i, std::size_t j, Match kind) {
     CublasLtPair p;
     p.a = i;
     p.b = j;
-    p.shape_differs = kind == 1;
+    p.shape_differs = kind != Match::kSame;
     p.algorithm_differs = !a[i].same_algorithm(b[j]);
     p.compute_differs = a[i].compute_type != b[j].compute_type || a[i].scale_type != b[j].scale_type;
     pairs.push_back(p);
   };
   auto only_a = [&](std::size_t i) { pairs.push_back({i, std::nullopt}); };
   auto only_b = [&](std::size_t j) { pairs.push_back({std::nullopt, j}); };
+  // The nearest resynchronization under `accept`: skips d calls of one stream.
   std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const int kind = match_kind(a[i], b[j]);
-    if (kind >= 0) {
-      pair(i++, j++, kind);
-      continue;
-    }
-    // The nearest resynchronization: skip d calls of one stream.
-    bool resynced = false;
-    for (std::size_t d = 1; d <= kLookahead && !resynced; ++d) {
-      if (j + d < b.size() && match_kind(a[i], b[j + d]) >= 0) {
+  auto resync = [&](bool (*accept)(Match), std::size_t window) {
+    for (std::size_t d = 1; d <= window; ++d) {
+      if (j + d < b.size() && accept(match_kind(a[i], b[j + d]))) {
         for (std::size_t s = 0; s < d; ++s) only_b(j++);
-        resynced = true;
-      } else if (i + d < a.size() && match_kind(a[i + d], b[j]) >= 0) {
+        return true;
+      }
+      if (i + d < a.size() && accept(match_kind(a[i + d], b[j]))) {
         for (std::size_t s = 0; s < d; ++s) only_a(i++);
-        resynced = true;
+        return true;
       }
     }
-    if (!resynced) {
-      only_a(i++);
-      only_b(j++);
+    return false;
+  };
+  // Order first; a close match (same shape or one dimension) just ahead beats pairing two
+  // calls here whose shapes differ in several dimensions.
+  while (i < a.size() && j < b.size()) {
+    const Match here = match_kind(a[i], b[j]);
+    if (close_match(here)) {
+      pair(i, j, here);
+      ++i, ++j;
+      continue;
     }
+    if (resync(close_match, here == Match::kManyDims ? kNearby : kLookahead)) continue;
+    if (here == Match::kManyDims) {
+      pair(i, j, here);
+      ++i, ++j;
+      continue;
+    }
+    if (resync(loose_match, kLookahead)) continue;
+    only_a(i++);
+    only_b(j++);
   }
   while (i < a.size()) only_a(i++);
   while (j < b.size()) only_b(j++);
-  return pairs;
+
+  // Second pass: calls left over on both sides with the same problem pair up in order
+  // (ranks that run as threads of one process interleave differently in each run).
+  std::map<std::string, std::vector<std::size_t>> waiting_b;  // problem → only-B entries
+  auto problem_key = [](const CublasLtCall& c) {
+    return c.shape_text() + "|" + c.kind_text() + "|" + c.a.order + c.b.order + c.d.order;
+  };
+  for (std::size_t e = 0; e < pairs.size(); ++e) {
+    if (!pairs[e].a) waiting_b[problem_key(b[*pairs[e].b])].push_back(e);
+  }
+  std::map<std::string, std::size_t> taken;  // how many of each problem's entries are used
+  std::vector<bool> drop(pairs.size(), false);
+  for (std::size_t e = 0; e < pairs.size(); ++e) {
+    if (pairs[e].b) continue;
+    const std::string key = problem_key(a[*pairs[e].a]);
+    auto it = waiting_b.find(key);
+    if (it == waiting_b.end() || taken[key] >= it->second.size()) continue;
+    const std::size_t entry = it->second[taken[key]++];
+    const std::size_t ai = *pairs[e].a, bj = *pairs[entry].b;
+    CublasLtPair p;
+    p.a = ai;
+    p.b = bj;
+    p.algorithm_differs = !a[ai].same_algorithm(b[bj]);
+    p.compute_differs = a[ai].compute_type != b[bj].compute_type || a[ai].scale_type != b[bj].scale_type;
+    pairs[e] = p;
+    drop[entry] = true;
+  }
+  std::vector<CublasLtPair> kept;
+  kept.reserve(pairs.size());
+  for (std::size_t e = 0; e < pairs.size(); ++e) {
+    if (!drop[e]) kept.push_back(pairs[e]);
+  }
+  return kept;
 }
 
 }  // namespace tpcheck

@@ -220,8 +220,8 @@ CublasLtDiff diff_cublaslt_calls(const std::vector<CublasLtCall>& a,
 
 std::string format_cublaslt_diff(const CublasLtDiff& d, std::string_view la, std::string_view lb) {
   std::string out = fmt::format(
-      "A = {}: {} matmul calls\nB = {}: {} matmul calls\naligned {} pairs ({} with one dimension "
-      "different, as a sharded run has), {} only in A, {} only in B\n",
+      "A = {}: {} matmul calls\nB = {}: {} matmul calls\naligned {} pairs ({} with shapes "
+      "different by whole factors, as a sharded run's are), {} only in A, {} only in B\n",
       la, d.a_calls, lb, d.b_calls, d.paired, d.paired_shape_differs, d.only_a, d.only_b);
   std::size_t differing = 0;
   for (const CublasLtDiffGroup& g : d.groups) differing += g.count;

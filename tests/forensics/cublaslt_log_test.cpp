@@ -252,15 +252,27 @@ TEST(CublasLtAlign, ShardedDimensionAndAlgorithms) {
   EXPECT_NE(text.find("B m=64 n=1024 k=8"), std::string::npos) << text;
 }
 
-TEST(CublasLtAlign, TwoDimensionsOrNonMultipleDoNotPair) {
+TEST(CublasLtAlign, SeveralDimensionsPairInOrderNonMultiplesNever) {
   std::vector<CublasLtCall> a = {parse_ok(fp32_line(1, 64, 1024, 32, 21))};
-  std::vector<CublasLtCall> b = {parse_ok(fp32_line(1, 32, 512, 32, 21))};  // m and n differ
+  std::vector<CublasLtCall> b = {parse_ok(fp32_line(1, 32, 512, 32, 21))};  // m and n halved
   auto pairs = align_cublaslt_calls(a, b);
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_TRUE(pairs[0].a && pairs[0].b);
+  EXPECT_TRUE(pairs[0].shape_differs);
+  b = {parse_ok(fp32_line(1, 64, 1024, 24, 21))};  // 32 is not a multiple of 24
+  pairs = align_cublaslt_calls(a, b);
   ASSERT_EQ(pairs.size(), 2u);
   EXPECT_FALSE(pairs[0].b.has_value());
   EXPECT_FALSE(pairs[1].a.has_value());
-  b = {parse_ok(fp32_line(1, 64, 1024, 24, 21))};  // 32 is not a multiple of 24
-  EXPECT_EQ(align_cublaslt_calls(a, b).size(), 2u);
+  // A one-dimension partner two calls ahead beats the several-dimension pair in place.
+  a = {parse_ok(fp32_line(1, 64, 1024, 32, 21))};
+  b = {parse_ok(fp32_line(1, 32, 512, 32, 5)), parse_ok(fp32_line(1, 32, 512, 16, 5)),
+       parse_ok(fp32_line(1, 64, 1024, 8, 6))};
+  pairs = align_cublaslt_calls(a, b);
+  ASSERT_EQ(pairs.size(), 3u);
+  EXPECT_EQ(pairs[2].a, 0u);
+  EXPECT_EQ(pairs[2].b, 2u);
+  EXPECT_TRUE(pairs[2].algorithm_differs);
 }
 
 TEST(CublasLtAlign, ResynchronizesAfterExtraCalls) {

@@ -66,7 +66,7 @@ def test_logdiff_finds_the_algorithm_change(cli, tmp_path):
     out_json = tmp_path / "logdiff.json"
     r = tpcheck(cli, "logdiff", str(single), str(sharded), "--json", str(out_json))
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "aligned 4 pairs (3 with one dimension different" in r.stdout
+    assert "aligned 4 pairs (3 with shapes different by whole factors" in r.stdout
     assert "3 calls: algorithm differs" in r.stdout
     assert re.search(r"A m=64 n=1024 k=32 +B m=64 n=1024 k=8", r.stdout), r.stdout
     assert "A: algoId=21 tile=64x64  (lines 2,3,4)" in r.stdout
@@ -204,3 +204,56 @@ def test_diff_run_reports(cli, tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     bad = tpcheck(cli, "diff", str(a), str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and "is not JSON" in bad.stderr, bad.stderr
+
+
+# Real logs recorded on the H200 (tests/data/cublaslt/README.md says how).
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "cublaslt")
+
+
+def data(name):
+    path = os.path.join(DATA, name)
+    assert os.path.exists(path), f"{path} is missing"
+    return path
+
+
+@pytest.mark.parametrize("tp,calls", [(1, 72), (2, 90)])
+def test_real_logs_level5_and_level2_hold_the_same_calls(cli, tp, calls):
+    # Level 5 adds an Api line per call; the matmul lines (and cuBLASLt's choices for the
+    # same run) are the same, though two rank threads interleave differently per run.
+    r = tpcheck(cli, "logdiff", data(f"tpcheck_tp{tp}_level5.log"), data(f"tpcheck_tp{tp}_level2.log"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{calls} matmul calls\nB = " in r.stdout
+    assert f"aligned {calls} pairs (0 with shapes different by whole factors" in r.stdout
+    assert "warning" not in r.stderr, r.stderr  # every line of a real log parses
+
+
+def test_real_logs_tpcheck_tp1_vs_tp2(cli):
+    # TP 2 doubles the tokens (--seq is per rank) and shards: the attention products at
+    # TP 2 (16 x 32 x 32, 64 batches) run TF32 HMMA algo 21 where TP 1 (16 x 16 x 16) ran
+    # algo 55, and split-K choices change on the projections.
+    r = tpcheck(cli, "logdiff", data("tpcheck_tp1_level2.log"), data("tpcheck_tp2_level2.log"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "A = " in r.stdout and ": 72 matmul calls" in r.stdout and ": 90 matmul calls" in r.stdout
+    assert re.search(r"A m=16 n=16 k=16 batch=64 +B m=16 n=32 k=32 batch=64\n"
+                     r" +A: algoId=55 tile=32x32 stages=8x3  \(lines 3,15\)\n"
+                     r" +B: algoId=21 tile=64x64 stages=32x6  \(lines 3,15\)", r.stdout), r.stdout
+    assert re.search(r"A m=192 n=256 k=64 +B m=192 n=512 k=64\n"
+                     r" +A: algoId=21 tile=64x64 stages=16x6 splitK=5 reduction=COMPUTE_TYPE", r.stdout)
+    assert "warning" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("dtype,a_algo,b_algo", [
+    ("f32", "algoId=55 tile=256x64 stages=8x3", "algoId=55 tile=64x128 stages=8x3"),
+    ("tf32", "algoId=43 tile=256x128 stages=32xAUTO cluster=1x1x1 splitK=-1 reduction=COMPUTE_TYPE",
+     "algoId=43 tile=128x128 stages=32xAUTO cluster=1x2x1 splitK=-1 reduction=COMPUTE_TYPE"),
+    ("bf16", "algoId=66 tile=256x128 stages=64xAUTO customOption=7 cluster=1x2x1",
+     "algoId=66 tile=128x128 stages=64xAUTO customOption=1 cluster=2x1x1"),
+])
+def test_real_logs_pytorch_column_split(cli, dtype, a_algo, b_algo):
+    # F.linear (bias epilogue) and x @ w.t() at the fc1 shape and one rank's half of it.
+    r = tpcheck(cli, "logdiff", data(f"torch_{dtype}_tp1.log"), data(f"torch_{dtype}_tp2.log"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "aligned 2 pairs (2 with shapes different by whole factors" in r.stdout
+    assert re.search(r"A m=4096 n=1024 k=1024 +B m=2048 n=1024 k=1024", r.stdout), r.stdout
+    assert f"A: {a_algo}  (lines 29)" in r.stdout, r.stdout
+    assert f"B: {b_algo}  (lines 29)" in r.stdout, r.stdout
