@@ -1,6 +1,7 @@
 // The `tpcheck` program: run a suite (single, sharded, truth), list its cases, list the
-// mutations; the cuBLASLt log tools logdiff, trace, diff (log_tools.h). Exit codes: 0 every case passes the chosen policy, 1 some case failed,
-// 2 usage or input error (nothing run), 3 runtime or device error.
+// mutations; the cuBLASLt log tools logdiff, trace, diff (log_tools.h). Exit codes: 0
+// every case passes the chosen policy, 1 some case failed, 2 usage or input error (nothing
+// run), 3 runtime or device error.
 #include <cstdio>
 #include <CLI/CLI.hpp>
 #include <fmt/ostream.h>
