@@ -9,12 +9,14 @@ seconds="${1:-60}"
 build=build-fuzz
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTPCHECK_FUZZ=ON -DTPCHECK_CUDA=OFF -DTPCHECK_BUILD_TESTS=OFF -DTPCHECK_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j "$(nproc)" --target safetensors_fuzz json_options_fuzz
+cmake --build "$build" -j "$(nproc)" --target safetensors_fuzz json_options_fuzz cublaslt_log_fuzz
 
-# Seed corpora: a valid safetensors file per dtype family, and a few option objects.
+# Seed corpora: a valid safetensors file per dtype family, a few option objects, and
+# cuBLASLt log lines (every field, defaults, a truncated line).
 corpus="$build/corpus"
-mkdir -p "$corpus/safetensors" "$corpus/json_options"
+mkdir -p "$corpus/safetensors" "$corpus/json_options" "$corpus/cublaslt_log"
 cp fuzz/corpus/json_options/*.json "$corpus/json_options/"
+cp fuzz/corpus/cublaslt_log/*.log "$corpus/cublaslt_log/"
 python3 - "$corpus/safetensors" <<'PY'
 import json, struct, sys
 def write(path, tensors, meta=None):
@@ -34,7 +36,7 @@ PY
 export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p "$build/artifacts"
-for target in safetensors_fuzz json_options_fuzz; do
+for target in safetensors_fuzz json_options_fuzz cublaslt_log_fuzz; do
   name="${target%_fuzz}"
   log="$build/$target.log"
   echo "fuzz: $target for ${seconds} s"

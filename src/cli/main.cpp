@@ -1,6 +1,7 @@
 // The `tpcheck` program: run a suite (single, sharded, truth), list its cases, list the
-// mutations. Exit codes: 0 every case passes the chosen policy, 1 some case failed,
-// 2 usage or input error (nothing run), 3 runtime or device error.
+// mutations; the cuBLASLt log tools logdiff, trace, diff (log_tools.h). Exit codes: 0
+// every case passes the chosen policy, 1 some case failed, 2 usage or input error (nothing
+// run), 3 runtime or device error.
 #include <cstdio>
 #include <CLI/CLI.hpp>
 #include <fmt/ostream.h>
@@ -10,6 +11,7 @@
 #include <regex>
 
 #include "cli/execution.h"
+#include "cli/log_tools.h"
 #include "tpcheck/device.h"
 #include "tpcheck/error.h"
 #include "tpcheck/report.h"
@@ -185,6 +187,13 @@ int main_impl(int argc, char** argv) {
 
   app.add_subcommand("mutations", "list the TP bugs --mutate can build in");
 
+  LogdiffArgs logdiff_args;
+  TraceArgs trace_args;
+  DiffArgs diff_args;
+  CLI::App* logdiff = add_logdiff_command(app, logdiff_args);
+  CLI::App* trace = add_trace_command(app, trace_args);
+  CLI::App* diff = add_diff_command(app, diff_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -193,6 +202,9 @@ int main_impl(int argc, char** argv) {
   }
   if (*list) return list_command(args);
   if (app.got_subcommand("mutations")) return mutations_command();
+  if (*logdiff) return logdiff_command(logdiff_args);
+  if (*trace) return trace_command(trace_args);
+  if (*diff) return diff_command(diff_args);
   return run_command(args, cpu_gemm->count() > 0);  // `tpcheck` alone runs the default suite
 }
 

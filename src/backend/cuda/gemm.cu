@@ -33,6 +33,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/impl_flags.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
@@ -105,32 +106,6 @@ std::uint64_t impl_mask_bits(GemmImplMask m) {
       return ~std::uint64_t{CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK};
   }
   return ~std::uint64_t{0};
-}
-
-// "HMMA, input TF32, accumulator 32F" from CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS.
-std::string decode_impl_flags(std::uint64_t f) {
-  std::string op = (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA)    ? "FMA"
-                   : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA) ? "HMMA"
-                   : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_IMMA) ? "IMMA"
-                   : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_DMMA) ? "DMMA"
-                                                              : "op?";
-  const char* input = (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16F)       ? "16F"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF)    ? "16BF"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32)    ? "TF32"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_32F)     ? "32F"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_64F)     ? "64F"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E4M3) ? "8F_E4M3"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E5M2) ? "8F_E5M2"
-                      : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8I)      ? "8I"
-                                                                          : "?";
-  const char* acc = (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_16F)   ? "16F"
-                    : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F) ? "32F"
-                    : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_64F) ? "64F"
-                    : (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32I) ? "32I"
-                                                                          : "?";
-  std::string words = TPCHECK_FORMAT("{}, input {}, accumulator {}", op, input, acc);
-  if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_GAUSSIAN) words += ", gaussian (3M)";
-  return words;
 }
 
 // The class the algorithm's flags say ran. The flags do not reliably tell bf16 from f16
@@ -384,7 +359,7 @@ struct CudaGemmEngine {
     TPCHECK_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
         &chosen.algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &flags, sizeof(flags), &written));
     lt.numerical_impl_flags = flags;
-    lt.numerical_impl = decode_impl_flags(flags);
+    lt.numerical_impl = cuda::decode_impl_flags(flags);
     lt.workspace_bytes = chosen.workspace;
     lt.workspace_limit = workspace_limit;
     lt.alignment_a = align_x;  // cuBLASLt's A is the caller's B (column-major form)
