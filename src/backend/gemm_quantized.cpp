@@ -16,8 +16,8 @@ namespace {
 const QuantizedData& quantized_operand(std::string_view site, std::string_view name,
                                        const Tensor& t, Device device, bool columnwise) {
   TPCHECK_CHECK_INPUT(t.defined() && t.rank() >= 2,
-                      "quantized GEMM '{}': operand {} is {}; expected a matrix (rank >= 2)",
-                      site, name, t.defined() ? t.describe() : "undefined");
+                      "quantized GEMM '{}': operand {} is {}; expected a matrix (rank >= 2)", site,
+                      name, t.defined() ? t.describe() : "undefined");
   TPCHECK_CHECK_INPUT(t.quantized() != nullptr,
                       "quantized GEMM '{}': operand {} ({}) carries no quantized data; quantize "
                       "it first (quant.h)",
@@ -69,10 +69,10 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
                       "{}",
                       site, c.defined() ? c.describe() : "undefined", m, n, device_name(dev));
   if (epilogue.bias != nullptr) {
-    TPCHECK_CHECK_INPUT(epilogue.bias->defined() && epilogue.bias->device() == dev &&
-                            epilogue.bias->numel() == n,
-                        "quantized GEMM '{}': epilogue bias is {}; expected {} values on the {}",
-                        site, epilogue.bias->describe(), n, device_name(dev));
+    TPCHECK_CHECK_INPUT(
+        epilogue.bias->defined() && epilogue.bias->device() == dev && epilogue.bias->numel() == n,
+        "quantized GEMM '{}': epilogue bias is {}; expected {} values on the {}", site,
+        epilogue.bias->describe(), n, device_name(dev));
   }
   if (epilogue.activation != GemmEpilogue::Activation::kNone) {
     TPCHECK_CHECK_INPUT(epilogue.aux != nullptr && epilogue.aux->defined() &&

@@ -36,7 +36,8 @@ void quantize_copy(const Matrix& m, Tensor& data, Tensor& scale_inv) {
 void quantize_mxfp8(const Matrix& m, QuantUsage usage, QuantizedData& out) {
   out.block = {1, kBlock};
   if (usage.rowwise) quantize_copy(m, out.rowwise_data, out.rowwise_scale_inv);
-  if (usage.columnwise) quantize_copy(m.transposed(), out.columnwise_data, out.columnwise_scale_inv);
+  if (usage.columnwise)
+    quantize_copy(m.transposed(), out.columnwise_data, out.columnwise_scale_inv);
 }
 
 }  // namespace quant_detail

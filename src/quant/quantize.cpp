@@ -12,8 +12,8 @@
 namespace tpcheck {
 namespace {
 
-constexpr std::array<std::string_view, 6> kRecipeNames = {"none",  "fp8",   "fp8_cs",
-                                                          "fp8_block_scaling", "mxfp8", "nvfp4"};
+constexpr std::array<std::string_view, 6> kRecipeNames = {
+    "none", "fp8", "fp8_cs", "fp8_block_scaling", "mxfp8", "nvfp4"};
 constexpr std::array<std::string_view, 3> kRoleNames = {"input", "weight", "grad_output"};
 
 using quant_detail::Matrix;
@@ -92,8 +92,10 @@ MathClass quant_math_class(Recipe recipe) {
 void check_quantizable(std::string_view what, const Shape& shape, Recipe recipe, QuantRole role,
                        QuantUsage usage) {
   TPCHECK_CHECK_INPUT(recipe != Recipe::kNone, "{}: recipe 'none' quantizes nothing", what);
-  TPCHECK_CHECK_INPUT(!shape.empty(), "{}: a scalar cannot be quantized by recipe {}; expected a "
-                      "tensor of rank >= 1", what, recipe_name(recipe));
+  TPCHECK_CHECK_INPUT(!shape.empty(),
+                      "{}: a scalar cannot be quantized by recipe {}; expected a "
+                      "tensor of rank >= 1",
+                      what, recipe_name(recipe));
   const std::int64_t cols = shape.back();
   const std::int64_t rows = cols == 0 ? 0 : shape_numel(shape) / cols;
   const Shape block = quant_block(recipe, role);
@@ -188,7 +190,8 @@ QuantizedValues quantized_values(const QuantizedData& q, bool columnwise) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const float s = static_cast<float>(scale_inv.at((r / br) * scale_cols + c / bc));
       const std::uint8_t bits = d[r * cols + c];
-      const float x = q.format == DType::kF4E2M1 ? f4e2m1_bits_to_f32(bits) : f8e4m3_bits_to_f32(bits);
+      const float x =
+          q.format == DType::kF4E2M1 ? f4e2m1_bits_to_f32(bits) : f8e4m3_bits_to_f32(bits);
       // Exact: a power-of-two scale, or (NVFP4) a 2-bit by 4-bit significand product.
       v[r * cols + c] = x * s;
     }
@@ -237,7 +240,9 @@ float block_amax(const Matrix& m, std::int64_t r0, std::int64_t c0, std::int64_t
   return a;
 }
 
-Tensor scalar_tensor(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
+Tensor scalar_tensor(float v) {
+  return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32);
+}
 
 }  // namespace quant_detail
 }  // namespace tpcheck

@@ -15,7 +15,9 @@ namespace tpcheck::quant_detail {
 struct Matrix {
   std::vector<float> v;
   std::int64_t rows = 0, cols = 0;
-  float at(std::int64_t r, std::int64_t c) const { return v[static_cast<std::size_t>(r * cols + c)]; }
+  float at(std::int64_t r, std::int64_t c) const {
+    return v[static_cast<std::size_t>(r * cols + c)];
+  }
   Matrix transposed() const;
 };
 

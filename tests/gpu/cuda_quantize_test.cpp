@@ -29,11 +29,11 @@ Tensor edge_matrix(std::int64_t rows, std::int64_t cols, DType dtype, std::uint6
     const int row = static_cast<int>(i / cols);
     v[i] = static_cast<float>(std::ldexp(rng_normal(seed, "q", i), row % 13 - 6));
   }
-  for (int c = 0; c < 32; ++c) v[c] = 0.0f;                               // all-zero block
-  for (int c = 0; c < 16; ++c) v[cols + c] = 1e-6f;                       // tiny block
-  v[2 * cols] = 1e4f;                                                     // large amax
+  for (int c = 0; c < 32; ++c) v[c] = 0.0f;                                 // all-zero block
+  for (int c = 0; c < 16; ++c) v[cols + c] = 1e-6f;                         // tiny block
+  v[2 * cols] = 1e4f;                                                       // large amax
   for (int c = 0; c < 32; ++c) v[3 * cols + c] = std::ldexp(1.0f, c - 10);  // powers of two
-  v[4 * cols + 1] = 6e4f;                                                 // saturates E4M3
+  v[4 * cols + 1] = 6e4f;                                                   // saturates E4M3
   if (with_inf) v[5 * cols + 3] = -std::numeric_limits<float>::infinity();
   return Tensor::from_f32(v, {rows, cols}, dtype);
 }
@@ -49,8 +49,8 @@ void expect_same(const Tensor& gpu, const Tensor& cpu, const std::string& what) 
   const auto* b = static_cast<const unsigned char*>(cpu.raw());
   for (std::size_t i = 0; i < cpu.nbytes(); ++i) {
     if (a[i] != b[i]) {
-      ADD_FAILURE() << what << ": first differing byte " << i << ": gpu " << int(a[i])
-                    << ", cpu " << int(b[i]);
+      ADD_FAILURE() << what << ": first differing byte " << i << ": gpu " << int(a[i]) << ", cpu "
+                    << int(b[i]);
       return;
     }
   }
@@ -65,9 +65,9 @@ TEST(CudaQuantize, EveryRecipeMatchesTheCpuBitForBit) {
   TPCHECK_REQUIRE_GPU();
   auto backend = make_cuda_backend();  // registers the GPU runtime
   const Case cases[] = {
-      {Recipe::kFp8Delayed, QuantRole::kInput},   {Recipe::kFp8Current, QuantRole::kInput},
+      {Recipe::kFp8Delayed, QuantRole::kInput},      {Recipe::kFp8Current, QuantRole::kInput},
       {Recipe::kFp8Current, QuantRole::kGradOutput}, {Recipe::kFp8Block, QuantRole::kInput},
-      {Recipe::kFp8Block, QuantRole::kWeight},    {Recipe::kMxfp8, QuantRole::kInput},
+      {Recipe::kFp8Block, QuantRole::kWeight},       {Recipe::kMxfp8, QuantRole::kInput},
       {Recipe::kNvfp4, QuantRole::kInput},
   };
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -78,7 +78,7 @@ TEST(CudaQuantize, EveryRecipeMatchesTheCpuBitForBit) {
           QuantizeOptions o;
           o.recipe = c.recipe;
           o.role = c.role;
-          o.scale = 0.75f;  // delayed scaling's scale of this step
+          o.scale = 0.75f;                             // delayed scaling's scale of this step
           if (given_amax) o.amax = 2.0f * amax_of(x);  // as after a reduction
           const std::string what = std::string(recipe_name(c.recipe)) + "/" +
                                    std::string(quant_role_name(c.role)) + " " +

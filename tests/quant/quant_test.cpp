@@ -2,6 +2,8 @@
 // rejections, the delayed-scaling window, and dequantization error within the format's
 // bound. Bit-exactness against an independent implementation is in
 // tests/python/test_quant_conformance.py.
+#include "tpcheck/quant.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "tpcheck/error.h"
-#include "tpcheck/quant.h"
 #include "tpcheck/rng.h"
 
 namespace tpcheck {
@@ -86,11 +87,17 @@ TEST(Quantize, DequantizedValuesAreWithinTheFormatsRounding) {
 TEST(Quantize, RejectsShapesNamingTheSizeAndTheMultiple) {
   QuantizeOptions o;
   o.recipe = Recipe::kMxfp8;
-  expect_input_error([&] { quantize(Tensor::zeros({64, 40}, DType::kF32), o, "fc1 input"); },
-                     {"fc1 input", "[64, 40]", "40", "multiple of 32", "mxfp8"});
+  expect_input_error(
+      [&] {
+        quantize(Tensor::zeros({64, 40}, DType::kF32), o, "fc1 input");
+      },
+      {"fc1 input", "[64, 40]", "40", "multiple of 32", "mxfp8"});
   o.recipe = Recipe::kFp8Current;
-  expect_input_error([&] { quantize(Tensor::zeros({8, 32}, DType::kF32), o); },
-                     {"8 rows", "multiple of 16"});
+  expect_input_error(
+      [&] {
+        quantize(Tensor::zeros({8, 32}, DType::kF32), o);
+      },
+      {"8 rows", "multiple of 16"});
   o.usage.columnwise = false;  // rowwise only: rows are free for per-tensor FP8
   EXPECT_NO_THROW(quantize(Tensor::zeros({8, 32}, DType::kF32), o));
   expect_input_error([&] { quantize(Tensor::zeros({16, 32}, DType::kF64), o); }, {"f64"});

@@ -52,8 +52,8 @@ std::vector<char> read_bytes(const std::string& path) {
 template <typename T>
 std::vector<T> read_array(const std::string& path) {
   const std::vector<char> bytes = read_bytes(path);
-  TPCHECK_CHECK_INPUT(bytes.size() % sizeof(T) == 0, "'{}': size {} is not a multiple of {}",
-                      path, bytes.size(), sizeof(T));
+  TPCHECK_CHECK_INPUT(bytes.size() % sizeof(T) == 0, "'{}': size {} is not a multiple of {}", path,
+                      bytes.size(), sizeof(T));
   std::vector<T> v(bytes.size() / sizeof(T));
   std::memcpy(v.data(), bytes.data(), bytes.size());
   return v;

@@ -46,14 +46,22 @@ __device__ __forceinline__ std::uint8_t sat_e2m1(float v) {
   if (isnan(v)) return sign ^ 0x8;
   const float m = fabsf(v);
   std::uint8_t b;
-  if (m <= 0.25f) b = 0;        // tie 0.25 → 0 (even)
-  else if (m < 0.75f) b = 1;    // tie 0.75 → 1.0 (0x2)
-  else if (m <= 1.25f) b = 2;   // tie 1.25 → 1.0 (0x2)
-  else if (m < 1.75f) b = 3;    // tie 1.75 → 2.0 (0x4)
-  else if (m <= 2.5f) b = 4;    // tie 2.5 → 2.0 (0x4)
-  else if (m < 3.5f) b = 5;     // tie 3.5 → 4.0 (0x6)
-  else if (m <= 5.0f) b = 6;    // tie 5 → 4.0 (0x6)
-  else b = 7;                   // up to and beyond 6 (inf included): 6
+  if (m <= 0.25f)
+    b = 0;  // tie 0.25 → 0 (even)
+  else if (m < 0.75f)
+    b = 1;  // tie 0.75 → 1.0 (0x2)
+  else if (m <= 1.25f)
+    b = 2;  // tie 1.25 → 1.0 (0x2)
+  else if (m < 1.75f)
+    b = 3;  // tie 1.75 → 2.0 (0x4)
+  else if (m <= 2.5f)
+    b = 4;  // tie 2.5 → 2.0 (0x4)
+  else if (m < 3.5f)
+    b = 5;  // tie 3.5 → 4.0 (0x6)
+  else if (m <= 5.0f)
+    b = 6;  // tie 5 → 4.0 (0x6)
+  else
+    b = 7;  // up to and beyond 6 (inf included): 6
   return sign | b;
 }
 
@@ -188,8 +196,8 @@ float gpu_amax(const Tensor& x) {
 Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
 
 template <BlockRecipe R>
-void launch_blocks(const Tensor& x, std::int64_t rows, std::int64_t cols, bool columnwise,
-                   int br, int bc, float s_enc, DType format, DType scale_dtype, Tensor& data,
+void launch_blocks(const Tensor& x, std::int64_t rows, std::int64_t cols, bool columnwise, int br,
+                   int bc, float s_enc, DType format, DType scale_dtype, Tensor& data,
                    Tensor& scale_inv) {
   const std::int64_t crows = columnwise ? cols : rows, ccols = columnwise ? rows : cols;
   data = Tensor({crows, ccols}, format, Device::kCuda);
@@ -258,8 +266,8 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     Tensor& scale_inv = columnwise ? q->columnwise_scale_inv : q->rowwise_scale_inv;
     switch (o.recipe) {
       case Recipe::kFp8Block:
-        launch_blocks<BlockRecipe::kFp8Block>(x, rows, cols, columnwise, br, bc, 0.0f,
-                                              q->format, DType::kF32, data, scale_inv);
+        launch_blocks<BlockRecipe::kFp8Block>(x, rows, cols, columnwise, br, bc, 0.0f, q->format,
+                                              DType::kF32, data, scale_inv);
         break;
       case Recipe::kMxfp8:
         launch_blocks<BlockRecipe::kMxfp8>(x, rows, cols, columnwise, br, bc, 0.0f, q->format,
