@@ -17,6 +17,7 @@
 
 #include "gpu/gpu_test_support.h"
 #include "tpcheck/cuda_backend.h"
+#include "tpcheck/error.h"
 #include "tpcheck/quant.h"
 
 namespace tpcheck {
