@@ -142,6 +142,27 @@ struct GemmProblem {
   } col;
 };
 
+// A GEMM on quantized operands as the front end hands it to an engine, in the one form
+// every quantized GEMM takes (TN, cuBLASLt's only FP8 layout on Hopper): A' [m, k] and
+// B' [n, k], each the operand copy whose blocks run along k, and
+//   C[m, n] (+)= alpha · (A' · B'ᵀ) (+ epilogue),
+// where A'·B'ᵀ multiplies the quantized values times their block scale_inv and alpha holds
+// the per-tensor factors (FP8 per tensor: scale_inv_a · scale_inv_b; NVFP4:
+// nvfp4_gemm_alpha of the two global amaxes; block recipes: 1), rounded to f32.
+struct QuantizedGemmProblem {
+  std::string_view site;
+  std::int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;
+  const QuantizedData* a = nullptr;  // A' is a->columnwise_data when a_columnwise
+  bool a_columnwise = false;
+  const QuantizedData* b = nullptr;  // B' likewise
+  bool b_columnwise = false;
+  Tensor* c = nullptr;
+  GemmEpilogue epilogue;
+  MathClass math_class = MathClass::kFp8;
+  float alpha = 1.0f;
+};
+
 // ---- the interface -----------------------------------------------------------------
 class BackendWrapper;
 
@@ -177,6 +198,17 @@ class Backend {
   // once to C's dtype. One ledger record (with `batch`).
   void gemm_batched(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
                     bool trans_b, Tensor& c, double alpha = 1.0);
+  // C (+)= op(A) · op(B) on quantized operands: A and B are the high-precision tensors
+  // (shapes as in gemm()) carrying their QuantizedData (Tensor::quantized(), quant.h), both
+  // from one recipe. The copy each operand needs is TE's rule: the one whose blocks run
+  // along k — A's rowwise copy when !trans_a, its columnwise copy when trans_a; B's
+  // columnwise copy when !trans_b, its rowwise copy when trans_b (fprop Y = X Wᵀ: X and W
+  // rowwise; dgrad dX = dY W: dY rowwise, W columnwise; wgrad dW = dYᵀ X: both columnwise).
+  // The math class is the recipe's (quant_math_class); the record's a_dtype / b_dtype are
+  // the data formats. Error(kInput) when a copy is missing or shapes disagree.
+  void gemm_quantized(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                      bool trans_b, Tensor& c, bool accumulate,
+                      const GemmEpilogue& epilogue = {});
 
   // y[.., n] += bias[n] (in place).
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
@@ -241,6 +273,9 @@ class Backend {
   // (the engine may refine the requested one: cuBLASLt reports the algorithm's class),
   // the implementation text and, on CUDA, the cuBLASLt part.
   virtual void run_gemm(const GemmProblem& p, GemmRecord& record) = 0;
+  // The quantized GEMM engine (gemm_quantized). The default refuses: a backend that
+  // supports quantized recipes overrides it.
+  virtual void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record);
 
   // Validation, class choice, canonicalization and recording shared by gemm() and
   // gemm_batched().
@@ -324,6 +359,9 @@ class BackendWrapper : public Backend {
  protected:
   void run_gemm(const GemmProblem& p, GemmRecord& record) override {
     target_.run_gemm(p, record);
+  }
+  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override {
+    target_.run_gemm_quantized(p, record);
   }
   Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override {
     return target_.attention_heads_in(x, heads);

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "tpcheck/backend.h"
+#include "tpcheck/quant.h"
 
 namespace tpcheck {
 
@@ -30,6 +31,12 @@ struct CudaBackendOptions {
 };
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+// quantize() on the GPU (src/backend/cuda/quantize.cu), bit for bit the CPU's: x a GPU
+// tensor (f32, f16, bf16); the quantized copies are GPU tensors, the amax / scale
+// tensors host ones. Same checks and errors as quantize(). Built without CUDA: an error.
+std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& options,
+                                               std::string_view what = "tensor");
 
 // Versions for reports: "CUDA runtime 13.0, driver 13.0, cuBLASLt 13.1.0, NCCL 2.28.3", or
 // why there is no CUDA.

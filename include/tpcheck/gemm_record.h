@@ -22,8 +22,16 @@ namespace tpcheck {
 //   kTf32  inputs rounded to TF32 (10 mantissa bits), f32 accumulation (tensor cores)
 //   kBf16  inputs rounded to bf16, f32 accumulation
 //   kFp16  inputs rounded to f16, f32 accumulation
-enum class MathClass { kFp64, kFp32, kTf32, kBf16, kFp16 };
-std::string_view math_class_name(MathClass c);  // "fp64", "fp32", "tf32", "bf16", "fp16"
+// Quantized operands (Backend::gemm_quantized, quant.h): the products of the quantized
+// values times their block scales, accumulated in f32, times the per-tensor factors:
+//   kFp8       FP8 (E4M3 / E5M2) with a per-tensor scale (delayed and current scaling)
+//   kFp8Block  E4M3 with power-of-two scales per 1x128 / 128x128 block
+//   kMxfp8     E4M3 with E8M0 scales per 32 values
+//   kNvfp4     E2M1 with E4M3 scales per 16 values and a per-tensor alpha
+enum class MathClass { kFp64, kFp32, kTf32, kBf16, kFp16, kFp8, kFp8Block, kMxfp8, kNvfp4 };
+// "fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4"
+std::string_view math_class_name(MathClass c);
+bool is_quantized_class(MathClass c);
 MathClass parse_math_class(std::string_view name);  // throws Error(kInput)
 
 // What cuBLASLt ran for one GEMM: the algorithm as `cublasLtMatmulAlgoConfigGetAttribute`

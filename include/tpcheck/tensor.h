@@ -129,14 +129,26 @@ class Tensor {
 };
 
 struct QuantizedData {
-  std::string recipe;              // "fp8_delayed", "fp8_current", "fp8_block", "mxfp8", "nvfp4"
-  Shape block;                     // scale granularity: {} per tensor, {1, 128}, {128, 128}, {1, 32}, ...
-  Tensor rowwise_data;             // quantized values, row-major blocks
-  Tensor rowwise_scale_inv;        // one per block (f32, or e8m0 / e4m3 bits)
-  Tensor columnwise_data;          // the transposed-layout copy GEMMs need for wgrad/dgrad
-  Tensor columnwise_scale_inv;
-  Tensor amax;                     // [1] f32, before any reduction across the group
-  Tensor scale;                    // [1] f32 (per-tensor recipes)
+  // The recipe's name (quant.h recipe_name: "fp8", "fp8_cs", "fp8_block_scaling", "mxfp8",
+  // "nvfp4") and the element format of the data (f8e4m3, f8e5m2 or f4e2m1).
+  std::string recipe;
+  DType format = DType::kF8E4M3;
+  // The tensor viewed as a matrix [rows, cols] (cols = its last dimension).
+  std::int64_t rows = 0, cols = 0;
+  // Scale granularity of the rowwise copy in the [rows, cols] layout: {} per tensor,
+  // {1, 128}, {128, 128}, {1, 32}, {1, 16}. The columnwise copy is stored transposed
+  // ([cols, rows]) and quantized with the same block shape in its own layout, so 1 x B
+  // blocks there are B x 1 blocks of the original (2-D blocks are the same blocks).
+  Shape block;
+  Tensor rowwise_data;             // [rows, cols] in `format` (undefined if not made)
+  Tensor rowwise_scale_inv;        // per block: f32 [1] or [rows/b0, cols/b1]; f8e8m0 (MXFP8),
+                                   // f8e4m3 (NVFP4 block decode scales)
+  Tensor columnwise_data;          // [cols, rows]: the transpose, for the GEMMs that reduce
+  Tensor columnwise_scale_inv;     // over rows (wgrad, dgrad); undefined if not made
+  Tensor amax;                     // [1] f32: this tensor's own amax, before any reduction
+  Tensor global_amax;              // [1] f32: the amax the scales came from (after a
+                                   // reduction across the group; NVFP4's GEMM alpha)
+  Tensor scale;                    // [1] f32: the FP8 per-tensor scale; NVFP4's S_enc
 };
 
 // True when a and b have the same shape, dtype and bit patterns.

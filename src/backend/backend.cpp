@@ -25,8 +25,8 @@ std::string join_names(const std::array<std::string_view, N>& names) {
   return out;
 }
 
-constexpr std::array<std::string_view, 5> kMathClassNames = {"fp64", "fp32", "tf32", "bf16",
-                                                             "fp16"};
+constexpr std::array<std::string_view, 9> kMathClassNames = {
+    "fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4"};
 constexpr std::array<std::string_view, 3> kGemmImplMaskNames = {"any", "tensor-core", "fma"};
 constexpr std::array<std::string_view, 2> kNormKindNames = {"LayerNorm", "RMSNorm"};
 constexpr std::array<std::string_view, 6> kActivationNames = {"gelu",  "relu",  "srelu",
@@ -49,6 +49,10 @@ std::size_t parse_name(std::string_view what, std::string_view name,
 std::string_view math_class_name(MathClass c) { return kMathClassNames[static_cast<int>(c)]; }
 MathClass parse_math_class(std::string_view name) {
   return static_cast<MathClass>(parse_name("math class", name, kMathClassNames));
+}
+bool is_quantized_class(MathClass c) {
+  return c == MathClass::kFp8 || c == MathClass::kFp8Block || c == MathClass::kMxfp8 ||
+         c == MathClass::kNvfp4;
 }
 
 std::string_view gemm_impl_mask_name(GemmImplMask m) {
@@ -122,9 +126,9 @@ bool AttentionMask::allows(std::int64_t query, std::int64_t key) const {
 // there; `auto_min_k` is the threshold at which we switch, 16 by default (between the
 // two K of the story).
 MathClass Backend::choose_math_class(DType a, DType b, std::int64_t k) const {
-  TPCHECK_CHECK_INPUT(!is_fp8(a) && !is_fp8(b),
-                      "GEMM operands {} x {}: fp8 GEMMs have no math class here (expected "
-                      "f64, f32, f16 or bf16 operands)",
+  TPCHECK_CHECK_INPUT(!is_quantized_format(a) && !is_quantized_format(b),
+                      "GEMM operands {} x {}: quantized data goes through gemm_quantized "
+                      "(expected f64, f32, f16 or bf16 operands)",
                       dtype_name(a), dtype_name(b));
   if (a == DType::kF64 || b == DType::kF64) {
     TPCHECK_CHECK_INPUT(a == b,

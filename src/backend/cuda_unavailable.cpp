@@ -15,5 +15,12 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
 
 std::string cuda_versions() { return "built without CUDA"; }
 
+std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor&, const QuantizeOptions&,
+                                               std::string_view) {
+  TPCHECK_CHECK_INPUT(false, "quantize_on_gpu: this tpcheck was built without CUDA "
+                             "(TPCHECK_CUDA=OFF)");
+  return nullptr;
+}
+
 }  // namespace tpcheck
 #endif

@@ -45,6 +45,8 @@ struct Format {
   // false for f8e4m3 ("fn"): the all-ones exponent is an ordinary binade and only
   // S.1111.111 is NaN; there is no infinity.
   bool has_inf;
+  // false for f4e2m1: every pattern is a finite number.
+  bool has_nan;
   NanOut nan_out;
   // Magnitude bits of the NaN we produce for kCanonical (and for inf / overflow into a
   // format without inf).
@@ -60,25 +62,33 @@ struct Format {
   constexpr std::uint32_t man_mask() const { return (1u << man_bits) - 1; }
   // Magnitude bits of the largest finite value.
   constexpr std::uint32_t max_finite() const {
+    if (!has_nan) return exp_all_ones() | man_mask();
     return has_inf ? exp_all_ones() - 1 : exp_all_ones() | (man_mask() - 1);
   }
-  // Magnitude bits of what a (plain) overflow produces.
-  constexpr std::uint32_t overflow() const { return has_inf ? exp_all_ones() : canonical_nan; }
+  // Magnitude bits of what a (plain) overflow produces: inf, else NaN, else (f4e2m1,
+  // which has neither) the largest finite value.
+  constexpr std::uint32_t overflow() const {
+    return has_inf ? exp_all_ones() : has_nan ? canonical_nan : max_finite();
+  }
   // Is the magnitude `mag` (sign bit cleared) a NaN?
   constexpr bool is_nan(std::uint32_t mag) const {
+    if (!has_nan) return false;
     return has_inf ? mag > exp_all_ones() : mag == (exp_all_ones() | man_mask());
   }
   constexpr bool is_inf(std::uint32_t mag) const { return has_inf && mag == exp_all_ones(); }
 };
 
-constexpr Format kF16Format{5, 10, true, NanOut::kTruncatePayload, 0x7e00, true};
-constexpr Format kBF16Format{8, 7, true, NanOut::kCanonical, 0x7fc0, true};
-constexpr Format kF8E4M3Format{4, 3, false, NanOut::kCanonical, 0x7f, false};
-constexpr Format kF8E5M2Format{5, 2, true, NanOut::kCanonical, 0x7e, false};
+constexpr Format kF16Format{5, 10, true, true, NanOut::kTruncatePayload, 0x7e00, true};
+constexpr Format kBF16Format{8, 7, true, true, NanOut::kCanonical, 0x7fc0, true};
+constexpr Format kF8E4M3Format{4, 3, false, true, NanOut::kCanonical, 0x7f, false};
+constexpr Format kF8E5M2Format{5, 2, true, true, NanOut::kCanonical, 0x7e, false};
+// No NaN: narrowing a NaN gives a zero of the opposite sign (NanOut is not used).
+constexpr Format kF4E2M1Format{2, 1, false, false, NanOut::kCanonical, 0, false};
 
 static_assert(kF8E4M3Format.max_finite() == 0x7e);  // 448
 static_assert(kF8E5M2Format.max_finite() == 0x7b);  // 57344
 static_assert(kF16Format.max_finite() == 0x7bff);   // 65504
+static_assert(kF4E2M1Format.max_finite() == 0x7);   // 6
 
 // The source side of a narrowing: f32 or f64, described by its bit layout.
 template <typename T>
@@ -130,6 +140,8 @@ std::uint32_t narrow(T value, CastMode mode) {
     if (man == 0) {  // inf stays inf (NaN where there is no inf), even when saturating
       return sign | f.overflow();
     }
+    // A format without NaN: ml_dtypes gives the zero of the opposite sign.
+    if (!f.has_nan) return sign ^ f.sign_bit();
     if (f.nan_out == NanOut::kCanonical) return sign | f.canonical_nan;
     std::uint32_t payload = static_cast<std::uint32_t>(man >> (S::kManBits - f.man_bits));
     if (payload == 0) payload = 1;  // a zero payload would spell inf
@@ -208,6 +220,8 @@ decltype(auto) visit_format(DType dtype, Fn&& fn) {
       return fn.template operator()<kF8E4M3Format>();
     case DType::kF8E5M2:
       return fn.template operator()<kF8E5M2Format>();
+    case DType::kF4E2M1:
+      return fn.template operator()<kF4E2M1Format>();
     default:
       break;
   }
@@ -222,7 +236,30 @@ struct NameEntry {
 constexpr NameEntry kNames[] = {
     {DType::kF64, "f64"},   {DType::kF32, "f32"},       {DType::kF16, "f16"},
     {DType::kBF16, "bf16"}, {DType::kF8E4M3, "f8e4m3"}, {DType::kF8E5M2, "f8e5m2"},
+    {DType::kF4E2M1, "f4e2m1"}, {DType::kF8E8M0, "f8e8m0"},
 };
+
+// f8e8m0 (float8_e8m0fnu): bits b stand for 2^(b − 127), b = 0 ... 254; 0xFF is NaN.
+// Narrowing follows ml_dtypes (checked against it in test_dtype_conformance.py): the
+// nearer power of two, ties up (1.5 · 2^e → 2^(e+1)); inputs in (2^-127, 2^-126), which
+// are f32 subnormals, go up to 2^-126; at or below 2^-127 to 2^-127; zero, negatives and
+// NaN to NaN; above the largest finite value to NaN (plain) or 2^127 (saturating; inf
+// stays NaN). One rounding from either source: the input is widened exactly to double.
+constexpr std::uint8_t kE8M0Nan = 0xff;
+constexpr std::uint8_t kE8M0Max = 0xfe;
+
+std::uint8_t narrow_e8m0(double value, CastMode mode) {
+  if (std::isnan(value) || value <= 0.0) return kE8M0Nan;
+  if (std::isinf(value)) return kE8M0Nan;
+  if (value <= std::ldexp(1.0, -127)) return 0x00;
+  if (value < std::ldexp(1.0, -126)) return 0x01;
+  int e = 0;
+  const double m = std::frexp(value, &e);  // value = m · 2^e, m in [0.5, 1)
+  // value = 2m · 2^(e−1) with 2m in [1, 2): round up from 1.5 on.
+  const int biased = (e - 1) + 127 + (m >= 0.75 ? 1 : 0);
+  if (biased > 254) return mode == CastMode::kSaturate ? kE8M0Max : kE8M0Nan;
+  return static_cast<std::uint8_t>(biased);
+}
 
 // f64 → f32 as a cast mode asks: the hardware cast rounds to nearest even and overflows
 // to ±inf; saturating clamps finite overflow to ±FLT_MAX.
@@ -247,8 +284,10 @@ DType parse_dtype(std::string_view name) {
   for (const NameEntry& e : kNames) {
     if (e.name == name) return e.dtype;
   }
-  TPCHECK_CHECK_INPUT(
-      false, "unknown dtype '{}'; expected one of: f64, f32, f16, bf16, f8e4m3, f8e5m2", name);
+  TPCHECK_CHECK_INPUT(false,
+                      "unknown dtype '{}'; expected one of: f64, f32, f16, bf16, f8e4m3, f8e5m2, "
+                      "f4e2m1, f8e8m0",
+                      name);
   __builtin_unreachable();
 }
 
@@ -263,6 +302,8 @@ std::size_t dtype_size(DType dtype) {
       return 2;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kF4E2M1:  // unpacked: one value per byte
+    case DType::kF8E8M0:
       return 1;
   }
   return 0;
@@ -274,6 +315,8 @@ double dtype_max_finite(DType dtype) {
       return std::numeric_limits<double>::max();
     case DType::kF32:
       return std::numeric_limits<float>::max();
+    case DType::kF8E8M0:
+      return std::ldexp(1.0, 127);
     default:
       return visit_format(dtype, []<Format f>() { return widen<f>(f.max_finite()); });
   }
@@ -285,17 +328,28 @@ double dtype_unit_roundoff(DType dtype) {
       return std::ldexp(1.0, -53);
     case DType::kF32:
       return std::ldexp(1.0, -24);
+    case DType::kF8E8M0:
+      return 0.5;
     default:
       return std::ldexp(1.0, -(visit_format(dtype, []<Format f>() { return f.man_bits; }) + 1));
   }
 }
 
 bool is_fp8(DType dtype) { return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2; }
+bool is_quantized_format(DType dtype) {
+  return is_fp8(dtype) || dtype == DType::kF4E2M1 || dtype == DType::kF8E8M0;
+}
 
 float f16_bits_to_f32(std::uint16_t bits) { return widen<kF16Format>(bits); }
 float bf16_bits_to_f32(std::uint16_t bits) { return widen<kBF16Format>(bits); }
 float f8e4m3_bits_to_f32(std::uint8_t bits) { return widen<kF8E4M3Format>(bits); }
 float f8e5m2_bits_to_f32(std::uint8_t bits) { return widen<kF8E5M2Format>(bits); }
+float f4e2m1_bits_to_f32(std::uint8_t bits) { return widen<kF4E2M1Format>(bits & 0xfu); }
+float f8e8m0_bits_to_f32(std::uint8_t bits) {
+  if (bits == kE8M0Nan) return std::numeric_limits<float>::quiet_NaN();
+  // 2^-127 is an f32 subnormal; ldexp gives it exactly.
+  return std::ldexp(1.0f, static_cast<int>(bits) - 127);
+}
 
 std::uint16_t f32_to_f16_bits(float value, CastMode mode) {
   return static_cast<std::uint16_t>(narrow<kF16Format>(value, mode));
@@ -309,6 +363,10 @@ std::uint8_t f32_to_f8e4m3_bits(float value, CastMode mode) {
 std::uint8_t f32_to_f8e5m2_bits(float value, CastMode mode) {
   return static_cast<std::uint8_t>(narrow<kF8E5M2Format>(value, mode));
 }
+std::uint8_t f32_to_f4e2m1_bits(float value, CastMode mode) {
+  return static_cast<std::uint8_t>(narrow<kF4E2M1Format>(value, mode));
+}
+std::uint8_t f32_to_f8e8m0_bits(float value, CastMode mode) { return narrow_e8m0(value, mode); }
 
 std::uint16_t f64_to_f16_bits(double value, CastMode mode) {
   return static_cast<std::uint16_t>(narrow<kF16Format>(value, mode));
@@ -322,12 +380,18 @@ std::uint8_t f64_to_f8e4m3_bits(double value, CastMode mode) {
 std::uint8_t f64_to_f8e5m2_bits(double value, CastMode mode) {
   return static_cast<std::uint8_t>(narrow<kF8E5M2Format>(value, mode));
 }
+std::uint8_t f64_to_f4e2m1_bits(double value, CastMode mode) {
+  return static_cast<std::uint8_t>(narrow<kF4E2M1Format>(value, mode));
+}
+std::uint8_t f64_to_f8e8m0_bits(double value, CastMode mode) { return narrow_e8m0(value, mode); }
 
 float round_to(DType dtype, float value, CastMode mode) {
   switch (dtype) {
     case DType::kF64:
     case DType::kF32:
       return value;  // f32 values are exact in both
+    case DType::kF8E8M0:
+      return f8e8m0_bits_to_f32(narrow_e8m0(value, mode));
     default:
       return visit_format(dtype, [&]<Format f>() { return widen<f>(narrow<f>(value, mode)); });
   }
@@ -339,6 +403,8 @@ double round_to(DType dtype, double value, CastMode mode) {
       return value;
     case DType::kF32:
       return f64_to_f32(value, mode);
+    case DType::kF8E8M0:
+      return f8e8m0_bits_to_f32(narrow_e8m0(value, mode));
     default:
       return visit_format(dtype, [&]<Format f>() { return widen<f>(narrow<f>(value, mode)); });
   }

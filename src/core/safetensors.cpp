@@ -147,6 +147,13 @@ std::string safetensors_dtype_name(DType dtype) {
       return "F8_E4M3";
     case DType::kF8E5M2:
       return "F8_E5M2";
+    case DType::kF4E2M1:
+    case DType::kF8E8M0:
+      // tpcheck stores f4e2m1 unpacked (one value per byte); safetensors' F4 is packed.
+      // Neither is written: quantized copies are derived data, not checkpoints.
+      TPCHECK_CHECK_INPUT(false, "safetensors: dtype {} is not supported (expected one of {})",
+                          dtype_name(dtype), kKnownDtypes);
+      return {};
   }
   TPCHECK_CHECK(false, "unknown DType {}", static_cast<int>(dtype));
   return {};

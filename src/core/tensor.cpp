@@ -56,6 +56,8 @@ double load(DType dtype, const std::byte* base, std::int64_t i) {
     case DType::kBF16: return bf16_bits_to_f32(reinterpret_cast<const std::uint16_t*>(base)[i]);
     case DType::kF8E4M3: return f8e4m3_bits_to_f32(reinterpret_cast<const std::uint8_t*>(base)[i]);
     case DType::kF8E5M2: return f8e5m2_bits_to_f32(reinterpret_cast<const std::uint8_t*>(base)[i]);
+    case DType::kF4E2M1: return f4e2m1_bits_to_f32(reinterpret_cast<const std::uint8_t*>(base)[i]);
+    case DType::kF8E8M0: return f8e8m0_bits_to_f32(reinterpret_cast<const std::uint8_t*>(base)[i]);
   }
   return 0;
 }
@@ -69,6 +71,8 @@ void store(DType dtype, std::byte* base, std::int64_t i, double v, CastMode mode
     case DType::kBF16: reinterpret_cast<std::uint16_t*>(base)[i] = f64_to_bf16_bits(v, mode); break;
     case DType::kF8E4M3: reinterpret_cast<std::uint8_t*>(base)[i] = f64_to_f8e4m3_bits(v, mode); break;
     case DType::kF8E5M2: reinterpret_cast<std::uint8_t*>(base)[i] = f64_to_f8e5m2_bits(v, mode); break;
+    case DType::kF4E2M1: reinterpret_cast<std::uint8_t*>(base)[i] = f64_to_f4e2m1_bits(v, mode); break;
+    case DType::kF8E8M0: reinterpret_cast<std::uint8_t*>(base)[i] = f64_to_f8e8m0_bits(v, mode); break;
   }
 }
 
@@ -81,6 +85,8 @@ void store_f32(DType dtype, std::byte* base, std::int64_t i, float v) {
     case DType::kBF16: reinterpret_cast<std::uint16_t*>(base)[i] = f32_to_bf16_bits(v); break;
     case DType::kF8E4M3: reinterpret_cast<std::uint8_t*>(base)[i] = f32_to_f8e4m3_bits(v); break;
     case DType::kF8E5M2: reinterpret_cast<std::uint8_t*>(base)[i] = f32_to_f8e5m2_bits(v); break;
+    case DType::kF4E2M1: reinterpret_cast<std::uint8_t*>(base)[i] = f32_to_f4e2m1_bits(v); break;
+    case DType::kF8E8M0: reinterpret_cast<std::uint8_t*>(base)[i] = f32_to_f8e8m0_bits(v); break;
   }
 }
 
@@ -92,7 +98,9 @@ constexpr bool storage_matches(DType dtype) {
     case DType::kF16:
     case DType::kBF16: return std::is_same_v<T, std::uint16_t>;
     case DType::kF8E4M3:
-    case DType::kF8E5M2: return std::is_same_v<T, std::uint8_t>;
+    case DType::kF8E5M2:
+    case DType::kF4E2M1:
+    case DType::kF8E8M0: return std::is_same_v<T, std::uint8_t>;
   }
   return false;
 }

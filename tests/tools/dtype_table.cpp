@@ -10,7 +10,7 @@
 //                 f32_round_<dtype>        input: f32; output: round_to(dtype, float) as f32
 //                 f64_round_<dtype>        input: f64; output: round_to(dtype, double) as f64
 //                 f32_to_tf32              input: f32; output: round_tf32 as f32
-//   <narrow>      f16, bf16, f8e4m3, f8e5m2 (parsed by tpcheck::parse_dtype)
+//   <narrow>      f16, bf16, f8e4m3, f8e5m2, f4e2m1, f8e8m0 (parsed by tpcheck::parse_dtype)
 //   <mode>        plain | saturate (narrowing), nearest | truncate (tf32), - (widening)
 // Files are native-endian arrays with no header; the element count is the file size over
 // the input element size. Exit status: 0 done, 2 bad arguments or files.
@@ -108,6 +108,12 @@ void run(std::string_view conv, std::string_view mode_text, const std::string& i
       case DType::kF8E5M2:
         apply<std::uint8_t, float>(bytes, out_path, tpcheck::f8e5m2_bits_to_f32);
         return;
+      case DType::kF4E2M1:
+        apply<std::uint8_t, float>(bytes, out_path, tpcheck::f4e2m1_bits_to_f32);
+        return;
+      case DType::kF8E8M0:
+        apply<std::uint8_t, float>(bytes, out_path, tpcheck::f8e8m0_bits_to_f32);
+        return;
       default:
         TPCHECK_CHECK_INPUT(false, "'{}': the source must be a narrow format", conv);
     }
@@ -135,6 +141,12 @@ void run(std::string_view conv, std::string_view mode_text, const std::string& i
         return;
       case DType::kF8E5M2:
         go(tpcheck::f32_to_f8e5m2_bits, tpcheck::f64_to_f8e5m2_bits, std::uint8_t{});
+        return;
+      case DType::kF4E2M1:
+        go(tpcheck::f32_to_f4e2m1_bits, tpcheck::f64_to_f4e2m1_bits, std::uint8_t{});
+        return;
+      case DType::kF8E8M0:
+        go(tpcheck::f32_to_f8e8m0_bits, tpcheck::f64_to_f8e8m0_bits, std::uint8_t{});
         return;
       default:
         TPCHECK_CHECK_INPUT(false, "'{}': the target must be a narrow format", conv);

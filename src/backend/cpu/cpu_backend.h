@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
  protected:
   // gemm.cpp
   void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override;
 
   // attention.cpp (the primitives; Backend::attention_forward / attention_backward compose
   // them with the GEMM front end)

@@ -23,12 +23,14 @@
 // shape), so bit-level figures are comparable only between runs with the same count.
 #include <cblas.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_math.h"
 #include "tpcheck/error.h"
+#include "tpcheck/quant.h"
 
 namespace tpcheck {
 namespace {
@@ -48,6 +50,11 @@ void round_to_class(MathClass cls, std::vector<float>& v) {
     case MathClass::kFp32:
     case MathClass::kFp64:
       return;
+    case MathClass::kFp8:
+    case MathClass::kFp8Block:
+    case MathClass::kMxfp8:
+    case MathClass::kNvfp4:
+      return;  // quantized values times block scales: exact in f32 already
   }
 }
 
@@ -142,6 +149,18 @@ std::string implementation_text(MathClass cls) {
       return "openblas sgemm, inputs rounded to bf16, f32 accumulation";
     case MathClass::kFp16:
       return "openblas sgemm, inputs rounded to fp16, f32 accumulation";
+    case MathClass::kFp8:
+      return "openblas sgemm on exactly dequantized fp8 values (per-tensor scales in alpha), "
+             "f32 accumulation";
+    case MathClass::kFp8Block:
+      return "openblas sgemm on exactly dequantized fp8 values (power-of-two block scales), "
+             "f32 accumulation";
+    case MathClass::kMxfp8:
+      return "openblas sgemm on exactly dequantized mxfp8 values (e8m0 block scales), f32 "
+             "accumulation";
+    case MathClass::kNvfp4:
+      return "openblas sgemm on exactly dequantized nvfp4 values (e4m3 block scales; global "
+             "scales in alpha), f32 accumulation";
   }
   return "";
 }
@@ -165,6 +184,46 @@ void CpuBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
   }
   record.math_class = cls;
   record.implementation = implementation_text(cls);
+}
+
+// Quantized operands: each copy is turned into its exact f32 values (quantized value times
+// block scale_inv: a power of two, or an E4M3 times an E2M1 significand, so no rounding),
+// and the TN product C = alpha · A' B'ᵀ runs through the same f32 path as an fp32 GEMM:
+// sgemm's f32 accumulation, alpha applied by sgemm to the accumulated sum, the epilogue,
+// one rounding to C. This is the exact-dequantization model of an FP8 GEMM with f32
+// accumulation; Hopper's FP8 tensor cores accumulate differently (the forward GEMM's
+// "fast accumulation" keeps fewer accumulator bits between promotions), which is not
+// modelled bit for bit (docs/QUANTIZATION.md).
+void CpuBackend::run_gemm_quantized(const QuantizedGemmProblem& q, GemmRecord& record) {
+  const Tensor a = quantized_values(*q.a, q.a_columnwise).values;  // [m, k]
+  const Tensor b = quantized_values(*q.b, q.b_columnwise).values;  // [n, k]
+  GemmProblem p;
+  p.site = q.site;
+  p.m = q.m;
+  p.n = q.n;
+  p.k = q.k;
+  p.trans_a = false;
+  p.trans_b = true;
+  p.accumulate = q.accumulate;
+  p.a = &a;
+  p.b = &b;
+  p.c = q.c;
+  p.epilogue = q.epilogue;
+  p.math_class = q.math_class;
+  p.alpha = q.alpha;
+  // Row-major C = A' B'ᵀ is column-major Cᵀ = B' A'ᵀ: X = B' read transposed ([k, n]
+  // column-major storage of the row-major [n, k]), Y = A' as stored.
+  p.col.m = q.n;
+  p.col.n = q.m;
+  p.col.k = q.k;
+  p.col.x = &b;
+  p.col.trans_x = true;
+  p.col.ldx = std::max<std::int64_t>(1, q.k);
+  p.col.y = &a;
+  p.col.trans_y = false;
+  p.col.ldy = std::max<std::int64_t>(1, q.k);
+  p.col.ldd = std::max<std::int64_t>(1, q.n);
+  run_gemm(p, record);
 }
 
 }  // namespace tpcheck

@@ -180,6 +180,13 @@ class CudaRuntime final : public DeviceRuntime {
   void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n,
             CastMode mode) override {
     if (n == 0) return;
+    // f4e2m1 / f8e8m0 are quantization storage: the quantization kernels write them
+    // (src/quant), a plain cast does not.
+    for (DType t : {dst_dtype, src_dtype}) {
+      TPCHECK_CHECK_INPUT(t != DType::kF4E2M1 && t != DType::kF8E8M0,
+                          "GPU cast {} -> {}: {} tensors are written by quantization only",
+                          dtype_name(src_dtype), dtype_name(dst_dtype), dtype_name(t));
+    }
     cast_kernel<<<grid_for(n), 256, 0, t_stream>>>(dst, dst_dtype, src, src_dtype, n,
                                                     mode == CastMode::kSaturate);
     TPCHECK_LAUNCH_CHECK();

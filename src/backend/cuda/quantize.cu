@@ -1,0 +1,288 @@
+// quantize.cu — the recipes' quantization on the GPU (quantize_on_gpu, cuda_backend.h),
+// bit for bit the CPU's (src/quant, docs/QUANTIZATION.md): an amax kernel, the per-tensor
+// FP8 cast (delayed and current scaling) writing the rowwise copy and its transpose, and a
+// block kernel for FP8 block scaling, MXFP8 and NVFP4 (one thread per block, each copy
+// from high precision). The per-tensor scales (FP8 current scale, NVFP4's S_enc) are
+// computed on the host from the amax by the CPU's own functions; the per-block formulas
+// are device twins of the CPU's, operation for operation (the products below have no
+// additions, so nvcc's FMA contraction cannot change them; division is IEEE).
+// Correctness first: the block kernel is simple, not yet tuned for bandwidth.
+// Thread safety: kernels run on the calling thread's stream (current_stream()).
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/kernel_util.cuh"
+#include "tpcheck/cuda_backend.h"
+#include "tpcheck/error.h"
+#include "tpcheck/quant.h"
+
+namespace tpcheck {
+namespace cuda {
+namespace {
+
+enum class BlockRecipe : int { kFp8Block, kMxfp8, kNvfp4 };
+
+// ---- device twins of src/quant/element.cpp ----------------------------------------------
+
+// cast_satfinite for E4M3 / E5M2: ±inf first to ±FLT_MAX, then the hardware cast with
+// __NV_SATFINITE (round to nearest even, finite overflow to ±max).
+__device__ __forceinline__ std::uint8_t sat_fp8(float v, bool e5m2) {
+  if (isinf(v)) v = copysignf(FLT_MAX, v);
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// cast_satfinite for E2M1: the nearest of 0, 0.5, 1, 1.5, 2, 3, 4, 6 with ties to the even
+// pattern (the comparisons below: < at ties that go up, <= at ties that go down), larger
+// magnitudes to 6; NaN to the zero of the opposite sign (dtype.h's rule).
+__device__ __forceinline__ std::uint8_t sat_e2m1(float v) {
+  const std::uint8_t sign = signbit(v) ? 0x8 : 0x0;
+  if (isnan(v)) return sign ^ 0x8;
+  const float m = fabsf(v);
+  std::uint8_t b;
+  if (m <= 0.25f)
+    b = 0;  // tie 0.25 → 0 (even)
+  else if (m < 0.75f)
+    b = 1;  // tie 0.75 → 1.0 (0x2)
+  else if (m <= 1.25f)
+    b = 2;  // tie 1.25 → 1.0 (0x2)
+  else if (m < 1.75f)
+    b = 3;  // tie 1.75 → 2.0 (0x4)
+  else if (m <= 2.5f)
+    b = 4;  // tie 2.5 → 2.0 (0x4)
+  else if (m < 3.5f)
+    b = 5;  // tie 3.5 → 4.0 (0x6)
+  else if (m <= 5.0f)
+    b = 6;  // tie 5 → 4.0 (0x6)
+  else
+    b = 7;  // up to and beyond 6 (inf included): 6
+  return sign | b;
+}
+
+__device__ __forceinline__ std::uint8_t e8m0_round_up_dev(float v) {
+  if (isnan(v)) return 0xff;
+  if (isinf(v)) return 0xfe;
+  if (v == 0.0f) return 0x00;
+  const std::uint32_t bits = __float_as_uint(v);
+  std::uint32_t exponent = (bits >> 23) & 0xffu;
+  const std::uint32_t mantissa = bits & 0x7fffffu;
+  const bool subnormal_covered = exponent == 0 && mantissa <= 0x400000u;
+  if (mantissa > 0 && exponent != 0xfe && !subnormal_covered) ++exponent;
+  return static_cast<std::uint8_t>(exponent);
+}
+
+__device__ __forceinline__ float e8m0_reciprocal_dev(std::uint8_t e) {
+  if (e == 0xff) return __uint_as_float(0x7fc00000u);
+  if (e == 0) return 1.0f;
+  return __uint_as_float(static_cast<std::uint32_t>(254 - e) << 23);  // 2^(127 − e)
+}
+
+// fp8_block_scale: 448 / amax (special cases as fp8_current_scale), mantissa cleared.
+__device__ __forceinline__ float fp8_block_scale_dev(float amax) {
+  float scale = 1.0f;
+  if (!(amax == 0.0f || isinf(amax) || isnan(amax))) {
+    scale = __fdiv_rn(448.0f, amax);
+    if (isinf(scale)) scale = FLT_MAX;
+  }
+  return __uint_as_float(__float_as_uint(scale) & 0xff800000u);
+}
+
+__device__ __forceinline__ float f8e4m3_to_float(std::uint8_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(b, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// ---- kernels -----------------------------------------------------------------------------
+
+// max |x| as f32 bits: non-negative floats order like their bits, and every NaN (sign
+// cleared) is above inf, so a NaN anywhere wins, as on the CPU.
+__global__ void amax_kernel(const void* x, DType dtype, long long n, unsigned* out) {
+  unsigned local = 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    local = max(local, __float_as_uint(fabsf(load_as<float>(x, dtype, i))));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  }
+  if ((threadIdx.x & 31) == 0) atomicMax(out, local);
+}
+
+// The per-tensor cast: rowwise [rows, cols] and its transpose [cols, rows] (either may
+// be null).
+__global__ void per_tensor_kernel(const void* x, DType dtype, long long rows, long long cols,
+                                  float scale, bool e5m2, std::uint8_t* row_out,
+                                  std::uint8_t* col_out) {
+  const long long n = rows * cols;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const std::uint8_t q = sat_fp8(load_as<float>(x, dtype, i) * scale, e5m2);
+    if (row_out) row_out[i] = q;
+    if (col_out) col_out[(i % cols) * rows + i / cols] = q;
+  }
+}
+
+// One thread per block of one copy. The copy is the tensor (columnwise = false: [rows,
+// cols]) or its transpose ([cols, rows]); in the copy's layout a block is br x bc at block
+// row bi, block column bj, index bi · (copy cols / bc) + bj, as on the CPU.
+template <BlockRecipe R>
+__global__ void block_kernel(const void* x, DType dtype, long long rows, long long cols,
+                             bool columnwise, int br, int bc, float s_enc, std::uint8_t* data,
+                             void* scale_inv) {
+  const long long crows = columnwise ? cols : rows;  // the copy's shape
+  const long long ccols = columnwise ? rows : cols;
+  const long long blocks_per_row = ccols / bc;
+  const long long nblocks = (crows / br) * blocks_per_row;
+  for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < nblocks;
+       t += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long bi = t / blocks_per_row, bj = t % blocks_per_row;
+    // Element (r, c) of the copy is x[r, c] (rowwise) or x[c, r] (columnwise).
+    auto at = [&](long long r, long long c) {
+      return load_as<float>(x, dtype, columnwise ? c * cols + r : r * cols + c);
+    };
+    float amax = 0.0f;
+    bool nan = false;
+    for (long long r = bi * br; r < (bi + 1) * br; ++r) {
+      for (long long c = bj * bc; c < (bj + 1) * bc; ++c) {
+        const float v = at(r, c);
+        nan = nan || isnan(v);
+        amax = fmaxf(amax, fabsf(v));
+      }
+    }
+    if (nan) amax = __uint_as_float(0x7fc00000u);
+    float factor;
+    if constexpr (R == BlockRecipe::kFp8Block) {
+      factor = fp8_block_scale_dev(amax);
+      static_cast<float*>(scale_inv)[t] = __fdiv_rn(1.0f, factor);
+    } else if constexpr (R == BlockRecipe::kMxfp8) {
+      const std::uint8_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
+      static_cast<std::uint8_t*>(scale_inv)[t] = e;
+      factor = e8m0_reciprocal_dev(e);
+    } else {
+      const float s_enc_over_6 = s_enc * (1.0f / 6.0f);
+      const float decode = amax * s_enc_over_6;
+      const std::uint8_t sb = sat_fp8(fminf(decode, FLT_MAX), false);
+      static_cast<std::uint8_t*>(scale_inv)[t] = sb;
+      const float s_dec = __fdiv_rn(1.0f, s_enc);
+      factor = fminf(__fdiv_rn(1.0f, f8e4m3_to_float(sb) * s_dec), FLT_MAX);
+    }
+    for (long long r = bi * br; r < (bi + 1) * br; ++r) {
+      for (long long c = bj * bc; c < (bj + 1) * bc; ++c) {
+        const float v = at(r, c) * factor;
+        data[r * ccols + c] = R == BlockRecipe::kNvfp4 ? sat_e2m1(v) : sat_fp8(v, false);
+      }
+    }
+  }
+}
+
+float gpu_amax(const Tensor& x) {
+  Tensor bits({1}, DType::kF32, Device::kCuda);
+  TPCHECK_CUDA_CHECK(cudaMemsetAsync(bits.raw(), 0, sizeof(unsigned), current_stream()));
+  const long long n = x.numel();
+  if (n > 0) {
+    amax_kernel<<<grid_for(n), 256, 0, current_stream()>>>(x.raw(), x.dtype(), n,
+                                                           static_cast<unsigned*>(bits.raw()));
+    TPCHECK_LAUNCH_CHECK();
+  }
+  return static_cast<float>(bits.at(0));  // copies to the host and waits
+}
+
+Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
+
+template <BlockRecipe R>
+void launch_blocks(const Tensor& x, std::int64_t rows, std::int64_t cols, bool columnwise, int br,
+                   int bc, float s_enc, DType format, DType scale_dtype, Tensor& data,
+                   Tensor& scale_inv) {
+  const std::int64_t crows = columnwise ? cols : rows, ccols = columnwise ? rows : cols;
+  data = Tensor({crows, ccols}, format, Device::kCuda);
+  scale_inv = Tensor({crows / br, ccols / bc}, scale_dtype, Device::kCuda);
+  const long long nblocks = (crows / br) * (ccols / bc);
+  if (nblocks == 0) return;
+  block_kernel<R><<<grid_for(nblocks, 128), 128, 0, current_stream()>>>(
+      x.raw(), x.dtype(), rows, cols, columnwise, br, bc, s_enc,
+      static_cast<std::uint8_t*>(data.raw()), scale_inv.raw());
+  TPCHECK_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& o,
+                                               std::string_view what) {
+  using namespace cuda;
+  check_cuda_operand("quantize_on_gpu", what, x);
+  TPCHECK_CHECK_INPUT(x.dtype() != DType::kF64,
+                      "{} {}: recipes quantize f32, f16 or bf16 tensors, got f64", what,
+                      x.describe());
+  TPCHECK_CHECK_INPUT(o.usage.rowwise || o.usage.columnwise,
+                      "{}: quantization asked for neither a rowwise nor a columnwise copy", what);
+  check_quantizable(what, x.shape(), o.recipe, o.role, o.usage);
+  const std::int64_t cols = x.dim(-1);
+  const std::int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+
+  auto q = std::make_shared<QuantizedData>();
+  q->recipe = std::string(recipe_name(o.recipe));
+  q->format = quant_data_dtype(o.recipe, o.role);
+  q->rows = rows;
+  q->cols = cols;
+  q->block = quant_block(o.recipe, o.role);
+  const float own_amax = gpu_amax(x);
+  const float amax = o.amax.value_or(own_amax);
+  q->amax = scalar(own_amax);
+  q->global_amax = scalar(amax);
+
+  if (o.recipe == Recipe::kFp8Delayed || o.recipe == Recipe::kFp8Current) {
+    const float s = o.recipe == Recipe::kFp8Delayed ? o.scale : fp8_current_scale(amax, q->format);
+    q->scale = scalar(s);
+    if (o.usage.rowwise) {
+      q->rowwise_data = Tensor({rows, cols}, q->format, Device::kCuda);
+      q->rowwise_scale_inv = scalar(scale_reciprocal(s));
+    }
+    if (o.usage.columnwise) {
+      q->columnwise_data = Tensor({cols, rows}, q->format, Device::kCuda);
+      q->columnwise_scale_inv = scalar(scale_reciprocal(s));
+    }
+    const long long n = rows * cols;
+    if (n > 0) {
+      per_tensor_kernel<<<grid_for(n), 256, 0, current_stream()>>>(
+          x.raw(), x.dtype(), rows, cols, s, q->format == DType::kF8E5M2,
+          o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr,
+          o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr);
+      TPCHECK_LAUNCH_CHECK();
+    }
+    return q;
+  }
+
+  const int br = static_cast<int>(q->block[0]), bc = static_cast<int>(q->block[1]);
+  for (bool columnwise : {false, true}) {
+    if (columnwise ? !o.usage.columnwise : !o.usage.rowwise) continue;
+    Tensor& data = columnwise ? q->columnwise_data : q->rowwise_data;
+    Tensor& scale_inv = columnwise ? q->columnwise_scale_inv : q->rowwise_scale_inv;
+    switch (o.recipe) {
+      case Recipe::kFp8Block:
+        launch_blocks<BlockRecipe::kFp8Block>(x, rows, cols, columnwise, br, bc, 0.0f, q->format,
+                                              DType::kF32, data, scale_inv);
+        break;
+      case Recipe::kMxfp8:
+        launch_blocks<BlockRecipe::kMxfp8>(x, rows, cols, columnwise, br, bc, 0.0f, q->format,
+                                           DType::kF8E8M0, data, scale_inv);
+        break;
+      default: {  // kNvfp4 (check_quantizable rejected kNone)
+        const float s_enc = nvfp4_global_encode_scale(amax);
+        q->scale = scalar(s_enc);
+        launch_blocks<BlockRecipe::kNvfp4>(x, rows, cols, columnwise, br, bc, s_enc, q->format,
+                                           DType::kF8E4M3, data, scale_inv);
+        break;
+      }
+    }
+  }
+  return q;
+}
+
+}  // namespace tpcheck

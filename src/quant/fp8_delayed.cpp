@@ -1,0 +1,49 @@
+// fp8_delayed.cpp — FP8 delayed scaling: one tensor's amax history and the scale it gives
+// the next step (TE's DelayedScaling recipe: history 32, "max", margin 0). The cast itself
+// is the per-tensor one (fp8_current.cpp) with this scale.
+// Thread safety: a DelayedScaling object belongs to one rank.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tpcheck/error.h"
+#include "tpcheck/quant.h"
+
+namespace tpcheck {
+
+DelayedScaling::DelayedScaling(DType format, int history_length, int margin)
+    : format_(format), history_length_(history_length), margin_(margin) {
+  TPCHECK_CHECK_INPUT(is_fp8(format), "delayed scaling: format {}; expected f8e4m3 or f8e5m2",
+                      dtype_name(format));
+  TPCHECK_CHECK_INPUT(history_length >= 1, "delayed scaling: amax history length {}; expected >= 1",
+                      history_length);
+}
+
+void DelayedScaling::record(float amax) {
+  // A tensor quantized twice in one step (TE writes its amax into the same history slot):
+  // keep the larger.
+  pending_ = pending_ ? std::max(*pending_, amax) : amax;
+}
+
+void DelayedScaling::update() {
+  if (pending_) {
+    history_.push_front(*pending_);
+    pending_.reset();
+  }
+  while (static_cast<int>(history_.size()) > history_length_) history_.pop_back();
+  float amax = 0.0f;
+  bool finite = true;
+  for (float a : history_) {
+    finite = finite && std::isfinite(a);
+    amax = std::max(amax, a);
+  }
+  // TE (_default_sf_compute): a zero or non-finite amax keeps the previous scale.
+  if (!finite || !(amax > 0.0f)) return;
+  const float fmax = static_cast<float>(dtype_max_finite(format_));
+  float scale = fmax / amax;
+  scale = scale * std::ldexp(1.0f, -margin_);  // exact (a power of two) unless it underflows
+  if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
+  scale_ = scale;
+}
+
+}  // namespace tpcheck
