@@ -13,6 +13,12 @@ double math_class_unit_roundoff(MathClass c) {
     case MathClass::kTf32: return dtype_unit_roundoff(DType::kF16);  // 10 mantissa bits, like f16
     case MathClass::kBf16: return dtype_unit_roundoff(DType::kBF16);
     case MathClass::kFp16: return dtype_unit_roundoff(DType::kF16);
+    // Quantized classes: the element format's unit roundoff, until the error model knows
+    // the scale granularity too (issue 11, item 6). No suite case uses them yet.
+    case MathClass::kFp8:
+    case MathClass::kFp8Block:
+    case MathClass::kMxfp8: return dtype_unit_roundoff(DType::kF8E4M3);
+    case MathClass::kNvfp4: return dtype_unit_roundoff(DType::kF4E2M1);
   }
   return 0;
 }
