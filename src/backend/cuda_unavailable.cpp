@@ -15,5 +15,15 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
 
 std::string cuda_versions() { return "built without CUDA"; }
 
+int use_external_cuda_device(int device) {
+  TPCHECK_CHECK_INPUT(false,
+                      "a CUDA tensor (device {}) was given, but this tpcheck was built without "
+                      "CUDA (TPCHECK_CUDA=OFF); rebuild where nvcc is installed, or pass CPU "
+                      "tensors",
+                      device);
+  return 0;
+}
+void restore_cuda_device(int) {}
+
 }  // namespace tpcheck
 #endif
