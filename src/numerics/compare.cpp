@@ -118,7 +118,10 @@ CompareSums accumulate_block(const HostInputs& in, std::int64_t begin, std::int6
       s.sharded_nonzero += x != 0;
       s.single_nonzero += y != 0;
       const double exact = std::fabs(x - y);
-      const double d = in.diff_dtype == DType::kF64 ? exact : round_to(in.diff_dtype, exact);
+      // f32 inline (a plain cast rounds to nearest even, as round_to does): the common case.
+      const double d = in.diff_dtype == DType::kF64   ? exact
+                       : in.diff_dtype == DType::kF32 ? static_cast<double>(static_cast<float>(exact))
+                                                      : round_to(in.diff_dtype, exact);
       const MaxAt here{d, c0 + j, std::isnan(d)};
       if (beats_reference_argmax(here, s.diff)) s.diff = here;
       s.sq_diff += (x - y) * (x - y);

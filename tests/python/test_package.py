@@ -213,9 +213,12 @@ def test_numpy_sees_the_memory_in_place():
 def test_torch_cpu_tensors():
     torch = pytest.importorskip("torch")  # CI: skipped (no torch); the GPU machine runs it
     a = torch.randn(16, 32, dtype=torch.float32)
-    b = a * (1 + 1e-6)
-    v = tpcheck.compare(a, b, a.double(), policy="truth", reduction_length=32)
-    assert v
+    b = (a.double() * (1 + 3e-8)).float()  # within an ulp of a
+    truth = a.double() * (1 + 1.5e-8)
+    v = tpcheck.compare(a, b, truth, policy="truth", reduction_length=32)
+    assert v, v.reason
+    assert v.single_vs_truth["max_abs"] == float((a.double() - truth).abs().max())
+    assert not tpcheck.compare(a, a * 1.001, truth, reduction_length=32)
     for dt in (torch.bfloat16, torch.float16, torch.float64):
         v = tpcheck.compare(a.to(dt), b.to(dt), policy="bitwise")
         assert v.max_abs_diff == float((b.to(dt).double() - a.to(dt).double()).abs().max())
