@@ -12,7 +12,7 @@ import os
 
 from . import _tpcheck
 
-_shared = False
+_launches = 0  # ids shared so far by this process: each run joins a fresh communicator
 
 
 def _torchrun() -> bool:
@@ -23,12 +23,14 @@ def _torchrun() -> bool:
 
 
 def share_nccl_id_if_torchrun(timeout_s: float = 300.0) -> bool:
-    """Under torchrun with CUDA: shares one NCCL id between the ranks (once per process).
-    Returns True when an id was set. Uses the default process group when one exists
-    (the caller's), else makes one with the gloo backend (only its store is used)."""
-    global _shared
-    if _shared or not _torchrun() or not _tpcheck.built_with_cuda():
-        return _shared
+    """Under torchrun with CUDA: shares a fresh NCCL id between the ranks (an id serves one
+    communicator, and every run joins its own; all ranks must call this the same number
+    of times, as they run the same script). Returns True when an id was set. Uses the
+    default process group when one exists (the caller's), else makes one with the gloo
+    backend (only its store is used)."""
+    global _launches
+    if not _torchrun() or not _tpcheck.built_with_cuda():
+        return False
     import datetime
 
     import torch.distributed as dist
@@ -36,10 +38,10 @@ def share_nccl_id_if_torchrun(timeout_s: float = 300.0) -> bool:
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     store = dist.distributed_c10d._get_default_store()
-    key = "tpcheck/nccl_id"
+    key = f"tpcheck/nccl_id/{_launches}"
+    _launches += 1
     if dist.get_rank() == 0:
         store.set(key, _tpcheck.make_nccl_id())
     nccl_id = bytes(store.get(key))  # waits for rank 0 (the store's timeout)
     _tpcheck.set_process_nccl_id(nccl_id)
-    _shared = True
     return True
