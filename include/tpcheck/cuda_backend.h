@@ -38,6 +38,17 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& options,
                                                std::string_view what = "tensor");
 
+// Device memory tpcheck did not allocate (DLPack arrays from Python, zero-copy): makes the
+// calling thread ready to wrap it as kCuda tensors (Tensor::wrap) on GPU `device` —
+// registers the CUDA runtime with Tensor and the GPU statistics reduction with
+// compare_tensors, and makes `device` and its legacy default stream current for this
+// thread (the stream a DLPack producer makes its data ready for when no stream is given).
+// Returns the device that was current before; give it to restore_cuda_device afterwards
+// (frameworks such as PyTorch keep their own idea of the current device).
+// Throws Error(kInput) when built without CUDA or `device` does not exist.
+int use_external_cuda_device(int device);
+void restore_cuda_device(int device);
+
 // Versions for reports: "CUDA runtime 13.0, driver 13.0, cuBLASLt 13.1.0, NCCL 2.28.3", or
 // why there is no CUDA.
 std::string cuda_versions();

@@ -89,11 +89,25 @@ struct NcclProcessLaunch {
   int local_rank = 0;  // the GPU this rank uses
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR, else this default
   int master_port = 29533;                // MASTER_PORT, else this default
+  // The NCCL id when the launcher already shared it (set_process_nccl_id); then no TCP
+  // rendezvous happens.
+  std::optional<NcclId> id;
 };
+
+// (c) A launcher that shares bytes between its processes itself — torchrun's store,
+// through the Python package (`python -m tpcheck run` under torchrun: rank 0 makes the
+// id with make_nccl_id and puts it in the process group's store, every rank reads it and
+// calls this). Call before the run: nccl_process_launch_from_env() then carries the id,
+// and connect_nccl_process_group joins through it instead of listening on MASTER_PORT
+// (where torchrun's own store already listens). Without the TCP connections there is no
+// failure channel: a rank that dies is seen by the others when their NCCL operation
+// times out (NcclOptions::timeout), still an error, never a hang.
+void set_process_nccl_id(const NcclId& id);
 // The launch this process belongs to, read from the environment: OMPI_COMM_WORLD_RANK /
 // _SIZE / _LOCAL_RANK (OpenMPI's mpirun), else RANK / WORLD_SIZE / LOCAL_RANK (torchrun);
 // MASTER_ADDR / MASTER_PORT in both cases (mpirun on one node needs neither). nullopt when
 // neither set is present. Malformed values are Error(kInput) naming the variable.
+// `id` is the one given to set_process_nccl_id, if any.
 std::optional<NcclProcessLaunch> nccl_process_launch_from_env();
 
 // Joins the process group: rank 0 listens on master_port (all interfaces) and sends the

@@ -61,6 +61,12 @@ class Tensor {
   // Values rounded (nearest even) to `dtype`. REQUIRES: values.size() == numel(shape).
   static Tensor from_f64(std::span<const double> values, Shape shape, DType dtype);
   static Tensor from_f32(std::span<const float> values, Shape shape, DType dtype);
+  // A tensor over memory someone else owns (a DLPack array from Python, zero-copy):
+  // `data` holds numel(shape) elements of `dtype`, row-major and contiguous, on `device`;
+  // `owner` keeps that memory alive for as long as any handle to the tensor exists.
+  // REQUIRES: rank <= 4, every dim >= 0, data not null (also for 0 elements).
+  static Tensor wrap(void* data, Shape shape, DType dtype, Device device,
+                     std::shared_ptr<void> owner);
   // Concatenation along `dim`; all other dims must agree, dtypes must agree.
   static Tensor cat(const std::vector<Tensor>& parts, int dim);
 

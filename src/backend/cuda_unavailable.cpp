@@ -22,5 +22,15 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor&, const QuantizeOpti
   return nullptr;
 }
 
+int use_external_cuda_device(int device) {
+  TPCHECK_CHECK_INPUT(false,
+                      "a CUDA tensor (device {}) was given, but this tpcheck was built without "
+                      "CUDA (TPCHECK_CUDA=OFF); rebuild where nvcc is installed, or pass CPU "
+                      "tensors",
+                      device);
+  return 0;
+}
+void restore_cuda_device(int) {}
+
 }  // namespace tpcheck
 #endif

@@ -2,6 +2,7 @@
 // which launch this process is, from mpirun's or torchrun's environment. No CUDA.
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "tpcheck/cuda_comm.h"
@@ -27,7 +28,15 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   return static_cast<int>(x);
 }
 
+std::mutex g_id_mutex;
+std::optional<NcclId> g_process_id;  // set_process_nccl_id
+
 }  // namespace
+
+void set_process_nccl_id(const NcclId& id) {
+  std::lock_guard<std::mutex> lock(g_id_mutex);
+  g_process_id = id;
+}
 
 std::optional<NcclProcessLaunch> nccl_process_launch_from_env() {
   NcclProcessLaunch l;
@@ -48,6 +57,8 @@ std::optional<NcclProcessLaunch> nccl_process_launch_from_env() {
   }
   if (std::optional<std::string> addr = env("MASTER_ADDR")) l.master_addr = *addr;
   l.master_port = env_int("MASTER_PORT", l.master_port, 1, 65535);
+  std::lock_guard<std::mutex> lock(g_id_mutex);
+  l.id = g_process_id;
   return l;
 }
 

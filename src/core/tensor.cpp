@@ -127,6 +127,26 @@ Tensor::Tensor(Shape shape, DType dtype, Device device)
   }
 }
 
+Tensor Tensor::wrap(void* data, Shape shape, DType dtype, Device device,
+                    std::shared_ptr<void> owner) {
+  TPCHECK_CHECK_INPUT(data != nullptr, "Tensor::wrap: null data pointer for {} {}",
+                      dtype_name(dtype), shape_str(shape));
+  TPCHECK_CHECK_INPUT(shape.size() <= static_cast<std::size_t>(kMaxRank),
+                      "tensor rank {} exceeds the maximum {} (shape {})", shape.size(), kMaxRank,
+                      shape_str(shape));
+  for (std::int64_t d : shape) {
+    TPCHECK_CHECK_INPUT(d >= 0, "negative dimension in shape {}", shape_str(shape));
+  }
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  // The aliasing constructor: the handle points at `data` and shares `owner`'s lifetime.
+  t.storage_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(data));
+  return t;
+}
+
 Tensor Tensor::to_device(Device device) const {
   TPCHECK_CHECK(defined(), "to_device() on an undefined tensor");
   if (device == device_) return *this;

@@ -1,12 +1,21 @@
 // compare_tensors: the statistics of one sharded-vs-single (and vs truth) comparison.
 // Measures only; policy.cpp judges. All arithmetic is in f64 on the exactly widened
 // values, except the reference suite's per-element difference, which the reference takes
-// in the tensors' own dtype (see diff_in_dtype).
+// in the tensors' own dtype (see diff_dtype).
+//
+// One pass, streamed: blocks of kCompareBlock elements are widened chunk by chunk (no
+// f64 copy of whole tensors), accumulated in element order and merged in block order
+// (compare_sums.h), on up to hardware_concurrency threads — the result does not depend on
+// the thread count. Device tensors are measured on their device by the reduction the
+// CUDA library registers.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
+#include "numerics/compare_sums.h"
 #include "tpcheck/error.h"
 #include "tpcheck/numerics.h"
 
@@ -22,7 +31,161 @@ DType diff_dtype(DType a, DType b) {
   return DType::kF32;
 }
 
+// Elements widened per step of the host loop (fits in L1/L2 together with its twins).
+constexpr std::int64_t kChunk = 2048;
+
+// dst[j] = element (start + j) of `t` widened exactly to f64, for j < n.
+void widen(const Tensor& t, std::int64_t start, std::int64_t n, double* dst) {
+  const void* raw = t.raw();
+  switch (t.dtype()) {
+    case DType::kF64: {
+      const double* p = static_cast<const double*>(raw) + start;
+      std::copy(p, p + n, dst);
+      return;
+    }
+    case DType::kF32: {
+      const float* p = static_cast<const float*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = p[j];
+      return;
+    }
+    case DType::kF16: {
+      const auto* p = static_cast<const std::uint16_t*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = f16_bits_to_f32(p[j]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* p = static_cast<const std::uint16_t*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = bf16_bits_to_f32(p[j]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const auto* p = static_cast<const std::uint8_t*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = f8e4m3_bits_to_f32(p[j]);
+      return;
+    }
+    case DType::kF8E5M2: {
+      const auto* p = static_cast<const std::uint8_t*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = f8e5m2_bits_to_f32(p[j]);
+      return;
+    }
+  }
+}
+
+// Elements of [start, start + n) whose bit patterns differ (same dtype).
+template <typename Bits>
+std::int64_t count_differing(const void* a, const void* b, std::int64_t start, std::int64_t n) {
+  const Bits* x = static_cast<const Bits*>(a) + start;
+  const Bits* y = static_cast<const Bits*>(b) + start;
+  std::int64_t count = 0;
+  for (std::int64_t j = 0; j < n; ++j) count += x[j] != y[j];
+  return count;
+}
+
+std::int64_t bits_differ(const Tensor& a, const Tensor& b, std::int64_t start, std::int64_t n) {
+  if (a.dtype() != b.dtype()) return n;
+  switch (dtype_size(a.dtype())) {
+    case 8: return count_differing<std::uint64_t>(a.raw(), b.raw(), start, n);
+    case 4: return count_differing<std::uint32_t>(a.raw(), b.raw(), start, n);
+    case 2: return count_differing<std::uint16_t>(a.raw(), b.raw(), start, n);
+    default: return count_differing<std::uint8_t>(a.raw(), b.raw(), start, n);
+  }
+}
+
+struct HostInputs {
+  const Tensor& sharded;
+  const Tensor& single;
+  const Tensor* truth;
+  const Tensor* noise;
+  const Tolerance* tolerance;
+  DType diff_dtype;
+};
+
+// One block [begin, end), in element order.
+CompareSums accumulate_block(const HostInputs& in, std::int64_t begin, std::int64_t end) {
+  CompareSums s;
+  double a[kChunk], b[kChunk], t[kChunk];
+  for (std::int64_t c0 = begin; c0 < end; c0 += kChunk) {
+    const std::int64_t n = std::min(kChunk, end - c0);
+    widen(in.sharded, c0, n, a);
+    widen(in.single, c0, n, b);
+    s.bits_differ += bits_differ(in.sharded, in.single, c0, n);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double x = a[j], y = b[j];
+      s.sharded_nan += std::isnan(x);
+      s.sharded_inf += std::isinf(x);
+      s.single_nan += std::isnan(y);
+      s.single_inf += std::isinf(y);
+      s.sharded_nonzero += x != 0;
+      s.single_nonzero += y != 0;
+      const double exact = std::fabs(x - y);
+      // f32 inline (a plain cast rounds to nearest even, as round_to does): the common case.
+      const double d = in.diff_dtype == DType::kF64   ? exact
+                       : in.diff_dtype == DType::kF32 ? static_cast<double>(static_cast<float>(exact))
+                                                      : round_to(in.diff_dtype, exact);
+      const MaxAt here{d, c0 + j, std::isnan(d)};
+      if (beats_reference_argmax(here, s.diff)) s.diff = here;
+      s.sq_diff += (x - y) * (x - y);
+      s.sq_single += y * y;
+      if (in.tolerance != nullptr &&
+          !(exact <= in.tolerance->atol + in.tolerance->rtol * std::fabs(y))) {
+        ++s.over_allclose;
+      }
+    }
+    if (in.truth != nullptr) {
+      widen(*in.truth, c0, n, t);
+      for (std::int64_t j = 0; j < n; ++j) {
+        s.truth_nonfinite += !std::isfinite(t[j]);
+        s.sq_truth += t[j] * t[j];
+        s.truth_max_abs = std::max(s.truth_max_abs, std::fabs(t[j]));
+        const double e1 = b[j] - t[j], e2 = a[j] - t[j];
+        s.sq_single_err += e1 * e1;
+        s.sq_sharded_err += e2 * e2;
+        const MaxAt m1{std::fabs(e1), c0 + j, false}, m2{std::fabs(e2), c0 + j, false};
+        if (beats_first_max(m1, s.single_err)) s.single_err = m1;
+        if (beats_first_max(m2, s.sharded_err)) s.sharded_err = m2;
+      }
+    }
+    if (in.noise != nullptr) {
+      widen(*in.noise, c0, n, t);
+      for (std::int64_t j = 0; j < n; ++j) {
+        s.noise_sq += t[j] * t[j];
+        s.noise_max_abs = std::max(s.noise_max_abs, std::fabs(t[j]));
+      }
+    }
+  }
+  return s;
+}
+
+CompareSums accumulate_host(const HostInputs& in, std::int64_t numel) {
+  const std::int64_t blocks = std::max<std::int64_t>(1, (numel + kCompareBlock - 1) / kCompareBlock);
+  std::vector<CompareSums> partial(static_cast<std::size_t>(blocks));
+  auto run_block = [&](std::int64_t k) {
+    partial[k] = accumulate_block(in, k * kCompareBlock, std::min(numel, (k + 1) * kCompareBlock));
+  };
+  const std::int64_t threads =
+      std::min<std::int64_t>(blocks, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (std::int64_t k = 0; k < blocks; ++k) run_block(k);
+  } else {
+    std::atomic<std::int64_t> next{0};
+    auto worker = [&] {
+      for (std::int64_t k = next++; k < blocks; k = next++) run_block(k);
+    };
+    std::vector<std::thread> pool;
+    for (std::int64_t i = 1; i < threads; ++i) pool.emplace_back(worker);
+    worker();
+    for (std::thread& th : pool) th.join();
+  }
+  CompareSums total = partial[0];
+  for (std::int64_t k = 1; k < blocks; ++k) merge_sums(total, partial[k]);
+  return total;
+}
+
+DeviceCompareFn g_device_compare = nullptr;
+
 }  // namespace
+
+void register_device_compare(DeviceCompareFn fn) { g_device_compare = fn; }
 
 std::optional<Tolerance> reference_tolerance(DType dtype) {
   switch (dtype) {
@@ -59,6 +222,12 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
         "compare_tensors: truth {} must be f64 with the shape of single {}", truth->describe(),
         single.describe());
   }
+  const Device device = single.device();
+  for (const Tensor* t : {&sharded, truth, rounding_noise}) {
+    TPCHECK_CHECK_INPUT(t == nullptr || t->device() == device,
+                        "compare_tensors: {} and single {} must be on the same device",
+                        t == nullptr ? "" : t->describe(), single.describe());
+  }
 
   TensorComparison c;
   c.shape = single.shape();
@@ -70,48 +239,35 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
     c.has_tolerance = true;
     c.tolerance.rtol = options.rtol ? *options.rtol : table->rtol;
     c.tolerance.atol = options.atol ? *options.atol : table->atol;
-    c.count_over_allclose = 0;
   }
 
-  const std::vector<double> a = sharded.to_f64();
-  const std::vector<double> b = single.to_f64();
-  const DType ddt = diff_dtype(sharded.dtype(), single.dtype());
-  const bool same_dtype = sharded.dtype() == single.dtype();
-  const std::size_t es = dtype_size(single.dtype());
-  const auto* abytes = static_cast<const unsigned char*>(sharded.raw());
-  const auto* bbytes = static_cast<const unsigned char*>(single.raw());
-
-  double best = -1;  // the reference's argmax: first maximum, NaN beats everything
-  bool best_nan = false;
-  double sq_diff = 0, sq_single = 0;
-  c.sharded_all_zero = true;
-  c.single_all_zero = true;
-  for (std::int64_t i = 0; i < c.numel; ++i) {
-    const double x = a[i], y = b[i];
-    if (std::isnan(x)) ++c.sharded_nan;
-    if (std::isinf(x)) ++c.sharded_inf;
-    if (std::isnan(y)) ++c.single_nan;
-    if (std::isinf(y)) ++c.single_inf;
-    if (x != 0) c.sharded_all_zero = false;
-    if (y != 0) c.single_all_zero = false;
-
-    const double exact = std::fabs(x - y);
-    const double d = ddt == DType::kF64 ? exact : round_to(ddt, exact);
-    if (!best_nan && (std::isnan(d) || d > best)) {
-      best = d;
-      best_nan = std::isnan(d);
-      c.argmax = i;
+  CompareSums s;
+  if (c.numel > 0) {
+    const Tolerance* tol = c.has_tolerance ? &c.tolerance : nullptr;
+    if (device == Device::kCpu) {
+      s = accumulate_host({sharded, single, truth, rounding_noise, tol,
+                           diff_dtype(sharded.dtype(), single.dtype())},
+                          c.numel);
+    } else {
+      TPCHECK_CHECK_INPUT(g_device_compare != nullptr,
+                          "compare_tensors: {} is a device tensor but this build has no device "
+                          "reduction (built without CUDA)",
+                          single.describe());
+      s = g_device_compare(sharded, single, truth, tol, rounding_noise);
     }
-    sq_diff += (x - y) * (x - y);
-    sq_single += y * y;
-    if (c.has_tolerance && !(exact <= c.tolerance.atol + c.tolerance.rtol * std::fabs(y))) {
-      ++c.count_over_allclose;
-    }
-    if (!same_dtype || std::memcmp(abytes + i * es, bbytes + i * es, es) != 0)
-      ++c.count_bits_differ;
   }
-  c.bitwise_equal = same_dtype && c.count_bits_differ == 0;
 
+  c.count_over_allclose = c.has_tolerance ? s.over_allclose : -1;
+  c.count_bits_differ = s.bits_differ;
+  c.bitwise_equal = sharded.dtype() == single.dtype() && s.bits_differ == 0;
+  c.sharded_nan = s.sharded_nan;
+  c.sharded_inf = s.sharded_inf;
+  c.single_nan = s.single_nan;
+  c.single_inf = s.single_inf;
+  c.sharded_all_zero = s.sharded_nonzero == 0;
+  c.single_all_zero = s.single_nonzero == 0;
+
+  c.argmax = s.diff.index;
   if (c.argmax >= 0) {
     std::int64_t rest = c.argmax;
     c.argmax_index.assign(c.shape.size(), 0);
@@ -119,53 +275,32 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
       c.argmax_index[d] = rest % c.shape[d];
       rest /= c.shape[d];
     }
-    c.sharded_value = a[c.argmax];
-    c.single_value = b[c.argmax];
-    c.max_abs_diff = best;
-    c.rel_at_max = best / std::max(std::fabs(c.single_value), 1e-5);  // the reference's rule
+    c.sharded_value = sharded.at(c.argmax);  // one element (a copy from a device tensor)
+    c.single_value = single.at(c.argmax);
+    c.max_abs_diff = s.diff.value;
+    c.rel_at_max = s.diff.value / std::max(std::fabs(c.single_value), 1e-5);  // the reference's rule
   }
-  if (sq_single > 0) {
-    c.norm_rel_diff = std::sqrt(sq_diff) / std::sqrt(sq_single);
+  if (s.sq_single > 0) {
+    c.norm_rel_diff = std::sqrt(s.sq_diff) / std::sqrt(s.sq_single);
   } else {
-    c.norm_rel_diff = sq_diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+    c.norm_rel_diff = s.sq_diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
   }
 
+  const double n = static_cast<double>(std::max<std::int64_t>(c.numel, 1));
   if (truth != nullptr) {
     c.has_truth = true;
-    const std::vector<double> t = truth->to_f64();
-    double sq_truth = 0, sq_single_err = 0, sq_sharded_err = 0;
-    for (std::int64_t i = 0; i < c.numel; ++i) {
-      if (!std::isfinite(t[i])) ++c.truth_nonfinite;
-      sq_truth += t[i] * t[i];
-      c.truth_max_abs = std::max(c.truth_max_abs, std::fabs(t[i]));
-      const double es1 = b[i] - t[i], es2 = a[i] - t[i];
-      sq_single_err += es1 * es1;
-      sq_sharded_err += es2 * es2;
-      if (std::fabs(es1) > c.single_vs_truth.max_abs || c.single_vs_truth.argmax < 0) {
-        c.single_vs_truth.max_abs = std::fabs(es1);
-        c.single_vs_truth.argmax = i;
-      }
-      if (std::fabs(es2) > c.sharded_vs_truth.max_abs || c.sharded_vs_truth.argmax < 0) {
-        c.sharded_vs_truth.max_abs = std::fabs(es2);
-        c.sharded_vs_truth.argmax = i;
-      }
-    }
-    if (c.numel > 0) {
-      const double n = static_cast<double>(c.numel);
-      c.truth_rms = std::sqrt(sq_truth / n);
-      c.single_vs_truth.rms = std::sqrt(sq_single_err / n);
-      c.sharded_vs_truth.rms = std::sqrt(sq_sharded_err / n);
-    }
+    c.truth_nonfinite = s.truth_nonfinite;
+    c.truth_max_abs = s.truth_max_abs;
+    c.single_vs_truth = {s.single_err.index >= 0 ? s.single_err.value : 0, s.single_err.index,
+                         c.numel > 0 ? std::sqrt(s.sq_single_err / n) : 0};
+    c.sharded_vs_truth = {s.sharded_err.index >= 0 ? s.sharded_err.value : 0, s.sharded_err.index,
+                          c.numel > 0 ? std::sqrt(s.sq_sharded_err / n) : 0};
+    if (c.numel > 0) c.truth_rms = std::sqrt(s.sq_truth / n);
   }
   if (rounding_noise != nullptr && c.numel > 0) {
     c.has_rounding_noise = true;
-    const std::vector<double> noise = rounding_noise->to_f64();
-    double sq = 0;
-    for (double v : noise) {
-      sq += v * v;
-      c.rounding_noise_max_abs = std::max(c.rounding_noise_max_abs, std::fabs(v));
-    }
-    c.rounding_noise_rms = std::sqrt(sq / static_cast<double>(c.numel));
+    c.rounding_noise_rms = std::sqrt(s.noise_sq / n);
+    c.rounding_noise_max_abs = s.noise_max_abs;
   }
   return c;
 }

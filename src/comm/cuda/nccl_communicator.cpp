@@ -381,6 +381,10 @@ std::unique_ptr<Communicator> connect_nccl_process_group(const NcclProcessLaunch
                       "{} rank {}: local rank {} has no GPU, this node has {} (one rank per GPU)",
                       launch.launcher, launch.rank, launch.local_rank, count);
   prepare_nccl_environment();
+  if (launch.id) {  // shared by the launcher (set_process_nccl_id): no TCP rendezvous
+    return std::make_unique<NcclCommunicator>(launch.rank, launch.world, launch.local_rank,
+                                              *launch.id, options, nullptr);
+  }
   TcpGroup::Payload payload{};
   if (launch.rank == 0) {
     TPCHECK_CUDA_CHECK(cudaSetDevice(launch.local_rank));

@@ -1,0 +1,357 @@
+// module.cpp — tpcheck._tpcheck, the compiled half of the Python package (python/tpcheck
+// is the other half: the Verdict class, argument defaults, the torchrun launch).
+//
+//   compare(...)        compare_tensors + evaluate on DLPack arrays, zero-copy; a dict
+//   truth(...)          compute_truth (truth.h) on DLPack arrays; numpy f64 results
+//   layer_parameters()  a layer's parameter names and shapes
+//   run(...)            the CLI's run_suite; the JSON report as a string and the console
+//   main(argv)          the whole CLI (`python -m tpcheck ...`), its exit code
+//   make_nccl_id(), set_process_nccl_id(bytes)   the NCCL id through torchrun's store
+// Errors: tpcheck's Error(kInput) → ValueError, other Errors → RuntimeError; bad arrays
+// → TypeError / ValueError (dlpack.h). Long work runs with the GIL released.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#include "cli/app.h"
+#include "python/dlpack.h"
+#include "python/truth.h"
+#include "tpcheck/cuda_backend.h"
+#include "tpcheck/cuda_comm.h"
+#include "tpcheck/device.h"
+#include "tpcheck/error.h"
+#include "tpcheck/gemm_record.h"
+#include "tpcheck/numerics.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tpcheck::python {
+namespace {
+
+// Makes `device` current for wrapping CUDA arrays, and restores the caller's device.
+class ExternalCudaDevice {
+ public:
+  explicit ExternalCudaDevice(const std::vector<const WrappedArray*>& arrays) {
+    for (const WrappedArray* a : arrays) {
+      if (a == nullptr || a->tensor.device() != Device::kCuda) continue;
+      if (active_) {
+        if (a->device_id != device_) {
+          throw nb::value_error(fmt::format("arrays on different GPUs (cuda:{} and cuda:{}); "
+                                            "compare tensors on one device",
+                                            device_, a->device_id)
+                                    .c_str());
+        }
+        continue;
+      }
+      device_ = a->device_id;
+      previous_ = use_external_cuda_device(device_);
+      active_ = true;
+    }
+  }
+  ~ExternalCudaDevice() {
+    if (active_) restore_cuda_device(previous_);
+  }
+
+ private:
+  bool active_ = false;
+  int device_ = 0, previous_ = 0;
+};
+
+nb::dict comparison_dict(const TensorComparison& c, const Shape& shape) {
+  nb::dict d;
+  d["numel"] = c.numel;
+  d["dtype"] = std::string(dtype_name(c.dtype));
+  d["has_tolerance"] = c.has_tolerance;
+  d["rtol"] = c.tolerance.rtol;
+  d["atol"] = c.tolerance.atol;
+  d["argmax"] = c.argmax;
+  // The position in the arrays' own shape (the C++ side saw them flat).
+  std::vector<std::int64_t> index;
+  if (c.argmax >= 0) {
+    std::int64_t rest = c.argmax;
+    index.assign(shape.size(), 0);
+    for (std::size_t i = shape.size(); i-- > 0;) {
+      index[i] = rest % shape[i];
+      rest /= shape[i];
+    }
+  }
+  d["argmax_index"] = nb::tuple(nb::cast(index));
+  d["sharded_value"] = c.sharded_value;
+  d["single_value"] = c.single_value;
+  d["max_abs_diff"] = c.max_abs_diff;
+  d["rel_at_max"] = c.rel_at_max;
+  d["norm_rel_diff"] = c.norm_rel_diff;
+  d["count_over_allclose"] = c.count_over_allclose;
+  d["count_bits_differ"] = c.count_bits_differ;
+  d["bitwise_equal"] = c.bitwise_equal;
+  d["sharded_nan"] = c.sharded_nan;
+  d["sharded_inf"] = c.sharded_inf;
+  d["single_nan"] = c.single_nan;
+  d["single_inf"] = c.single_inf;
+  d["sharded_all_zero"] = c.sharded_all_zero;
+  d["single_all_zero"] = c.single_all_zero;
+  d["has_truth"] = c.has_truth;
+  if (c.has_truth) {
+    d["truth_nonfinite"] = c.truth_nonfinite;
+    d["truth_rms"] = c.truth_rms;
+    d["truth_max_abs"] = c.truth_max_abs;
+    for (const auto& [key, e] : {std::pair{"single_vs_truth", &c.single_vs_truth},
+                                 std::pair{"sharded_vs_truth", &c.sharded_vs_truth}}) {
+      nb::dict t;
+      t["max_abs"] = e->max_abs;
+      t["argmax"] = e->argmax;
+      t["rms"] = e->rms;
+      d[key] = t;
+    }
+  }
+  d["has_rounding_noise"] = c.has_rounding_noise;
+  if (c.has_rounding_noise) {
+    d["rounding_noise_rms"] = c.rounding_noise_rms;
+    d["rounding_noise_max_abs"] = c.rounding_noise_max_abs;
+  }
+  return d;
+}
+
+nb::dict compare(nb::ndarray<> sharded, nb::ndarray<> single, std::optional<nb::ndarray<>> truth,
+                 std::optional<nb::ndarray<>> rounding_noise, const std::string& policy,
+                 std::optional<double> rtol, std::optional<double> atol,
+                 std::optional<double> unit_roundoff, std::int64_t reduction_length, int tp_size,
+                 double multiplier, double floor_factor, const std::string& name) {
+  const WrappedArray a = wrap_array(sharded, "sharded");
+  const WrappedArray b = wrap_array(single, "single");
+  std::optional<WrappedArray> t, n;
+  if (truth) t = wrap_array(*truth, "truth");
+  if (rounding_noise) n = wrap_array(*rounding_noise, "rounding_noise");
+  if (a.shape != b.shape) {
+    throw nb::value_error(fmt::format("sharded has shape {} but single has shape {}",
+                                      shape_str(a.shape), shape_str(b.shape))
+                              .c_str());
+  }
+  for (const auto& [w, label] : {std::pair{&t, "truth"}, std::pair{&n, "rounding_noise"}}) {
+    if (w->has_value() && (*w)->shape != b.shape) {
+      throw nb::value_error(fmt::format("{} has shape {} but single has shape {}", label,
+                                        shape_str((*w)->shape), shape_str(b.shape))
+                                .c_str());
+    }
+    if (w->has_value() && (*w)->tensor.dtype() != DType::kF64) {
+      throw nb::type_error(fmt::format("{}: dtype {} given; the fp64 truth must be float64", label,
+                                       dtype_name((*w)->tensor.dtype()))
+                               .c_str());
+    }
+  }
+  TPCHECK_CHECK_INPUT(reduction_length >= 1, "reduction_length must be >= 1, got {}",
+                      reduction_length);
+  TPCHECK_CHECK_INPUT(tp_size >= 1, "tp_size must be >= 1, got {}", tp_size);
+  if (rtol) TPCHECK_CHECK_INPUT(*rtol >= 0, "rtol must be >= 0, got {}", *rtol);
+  if (atol) TPCHECK_CHECK_INPUT(*atol >= 0, "atol must be >= 0, got {}", *atol);
+  Policy p = parse_policy(policy);
+  p.truth.unit_roundoff = unit_roundoff;
+  p.truth.reduction_length = reduction_length;
+  p.truth.tp_size = tp_size;
+  p.truth.multiplier = multiplier;
+  p.truth.floor_factor = floor_factor;
+
+  ExternalCudaDevice cuda({&a, &b, t ? &*t : nullptr, n ? &*n : nullptr});
+  TensorComparison c;
+  Verdict v;
+  {
+    nb::gil_scoped_release release;  // the arrays stay referenced by a, b, t, n
+    c = compare_tensors(a.tensor, b.tensor, t ? &t->tensor : nullptr, CompareOptions{rtol, atol},
+                        n ? &n->tensor : nullptr);
+    v = evaluate(p, c);
+  }
+  nb::dict d;
+  d["status"] = std::string(verdict_status_name(v.status));
+  d["passed"] = v.passed();
+  d["reason"] = v.reason;
+  d["policy"] = policy;
+  d["statistics"] = comparison_dict(c, b.shape);
+  if (c.has_tolerance && c.numel > 0) d["reference_line"] = format_te_failure(name, c);
+  return d;
+}
+
+std::map<std::string, Tensor> wrap_dict(const std::map<std::string, nb::ndarray<>>& arrays,
+                                        const std::string& label,
+                                        std::vector<WrappedArray>& keep) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, array] : arrays) {
+    const std::string what = fmt::format("{}['{}']", label, name);
+    keep.push_back(wrap_array(array, what));
+    out[name] = shaped(keep.back(), what);
+  }
+  return out;
+}
+
+nb::dict truth(const std::string& kind, const std::string& options_json,
+               const std::map<std::string, nb::ndarray<>>& params, nb::ndarray<> input,
+               const std::map<std::string, nb::ndarray<>>& grad_outputs, const std::string& device) {
+  TruthRequest r;
+  r.kind = kind;
+  r.options = nlohmann::json::parse(options_json);
+  r.device = device;
+  std::vector<WrappedArray> keep;
+  keep.reserve(params.size() + grad_outputs.size() + 1);
+  r.params = wrap_dict(params, "params", keep);
+  r.grad_outputs = wrap_dict(grad_outputs, "grad_output", keep);
+  keep.push_back(wrap_array(input, "inputs"));
+  r.input = shaped(keep.back(), "inputs");
+  std::vector<const WrappedArray*> all;
+  for (const WrappedArray& w : keep) all.push_back(&w);
+  ExternalCudaDevice cuda(all);
+  TruthResult result;
+  {
+    nb::gil_scoped_release release;
+    result = compute_truth(r);
+  }
+  nb::dict d, outputs, grads;
+  for (const auto& [name, t] : result.outputs) outputs[name.c_str()] = to_numpy(t);
+  for (const auto& [name, t] : result.grads) grads[name.c_str()] = to_numpy(t);
+  d["outputs"] = outputs;
+  d["grads"] = grads;
+  d["grad_input"] = result.grad_input.defined() ? to_numpy(result.grad_input) : nb::none();
+  return d;
+}
+
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> layer_parameters(
+    const std::string& kind, const std::string& options_json) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
+  for (auto& [name, shape] : layer_parameter_shapes(kind, nlohmann::json::parse(options_json))) {
+    out.emplace_back(name, shape);
+  }
+  return out;
+}
+
+std::tuple<std::string, std::string, int, int, bool> run(
+    const std::string& suite, int tp, const std::string& backend, const std::string& filter,
+    const std::string& policy, std::uint64_t seed, const std::string& mutate,
+    std::optional<std::string> cpu_gemm, const std::string& tf32, const std::string& gemm_impl,
+    const std::string& comm, const std::string& comm_order, std::optional<double> rtol,
+    std::optional<double> atol, std::optional<std::int64_t> hidden, std::optional<std::int64_t> ffn,
+    std::optional<std::int64_t> heads, std::optional<std::int64_t> seq,
+    std::optional<std::int64_t> batch, const std::string& json_path, bool quiet) {
+  RunArgs a;
+  a.suite = suite;
+  a.tp = tp;
+  a.execution.backend = backend;
+  a.execution.tf32 = tf32;
+  a.execution.gemm_impl = gemm_impl;
+  a.execution.comm = comm;
+  a.execution.comm_order = comm_order;
+  a.filter = filter;
+  a.policy = policy;
+  a.seed = seed;
+  a.mutate = mutate;
+  if (cpu_gemm) a.cpu_gemm = *cpu_gemm;
+  a.rtol = rtol;
+  a.atol = atol;
+  a.sizes = SuiteSizes{hidden, ffn, heads, seq, batch};
+  a.json_path = json_path;
+  a.quiet = quiet;
+  std::ostringstream console;
+  RunOutcome outcome;
+  {
+    nb::gil_scoped_release release;
+    outcome = run_suite(a, cpu_gemm.has_value(), console);
+  }
+  return {outcome.report.dump(), console.str(), outcome.summary.passed, outcome.summary.failed,
+          outcome.reports};
+}
+
+int main(const std::vector<std::string>& argv) {
+  std::vector<std::string> args = argv;
+  std::vector<char*> ptrs;
+  for (std::string& s : args) ptrs.push_back(s.data());
+  ptrs.push_back(nullptr);
+  nb::gil_scoped_release release;
+  const int rc = cli_main(static_cast<int>(args.size()), ptrs.data());
+  std::cout.flush();
+  std::fflush(stdout);
+  return rc;
+}
+
+nb::bytes make_nccl_id_bytes() {
+  const NcclId id = make_nccl_id();
+  return nb::bytes(id.bytes.data(), id.bytes.size());
+}
+
+void set_process_nccl_id_bytes(nb::bytes bytes) {
+  NcclId id;
+  if (bytes.size() != id.bytes.size()) {
+    throw nb::value_error(fmt::format("an NCCL id is {} bytes, got {}", id.bytes.size(), bytes.size())
+                              .c_str());
+  }
+  std::memcpy(id.bytes.data(), bytes.c_str(), id.bytes.size());
+  set_process_nccl_id(id);
+}
+
+double math_class_u(const std::string& name) {
+  switch (parse_math_class(name)) {
+    case MathClass::kFp64: return dtype_unit_roundoff(DType::kF64);
+    case MathClass::kFp32: return dtype_unit_roundoff(DType::kF32);
+    case MathClass::kTf32: return dtype_unit_roundoff(DType::kF16);  // 10 mantissa bits
+    case MathClass::kBf16: return dtype_unit_roundoff(DType::kBF16);
+    case MathClass::kFp16: return dtype_unit_roundoff(DType::kF16);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tpcheck::python
+
+NB_MODULE(_tpcheck, m) {
+  using namespace tpcheck::python;
+  m.doc() = "tpcheck's compiled core (use the `tpcheck` package, not this module)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const tpcheck::Error& e) {
+      PyErr_SetString(e.kind() == tpcheck::ErrorKind::kInput ? PyExc_ValueError : PyExc_RuntimeError,
+                      e.what());
+    } catch (const nlohmann::json::exception& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  m.def("compare", &compare, "sharded"_a, "single"_a, "truth"_a.none(), "rounding_noise"_a.none(),
+        "policy"_a, "rtol"_a.none(), "atol"_a.none(), "unit_roundoff"_a.none(),
+        "reduction_length"_a, "tp_size"_a, "multiplier"_a, "floor_factor"_a, "name"_a,
+        "Statistics and verdict of sharded against single (and the fp64 truth), as a dict.");
+  m.def("truth", &truth, "kind"_a, "options_json"_a, "params"_a, "input"_a, "grad_outputs"_a,
+        "device"_a, "fp64 outputs and gradients of tpcheck's implementation of a layer.");
+  m.def("layer_parameters", &layer_parameters, "kind"_a, "options_json"_a,
+        "The layer's parameters as (name, shape), in its documented order.");
+  m.def("run", &run, "suite"_a, "tp"_a, "backend"_a, "filter"_a, "policy"_a, "seed"_a, "mutate"_a,
+        "cpu_gemm"_a.none(), "tf32"_a, "gemm_impl"_a, "comm"_a, "comm_order"_a, "rtol"_a.none(),
+        "atol"_a.none(), "hidden"_a.none(), "ffn"_a.none(), "heads"_a.none(), "seq"_a.none(),
+        "batch"_a.none(), "json_path"_a, "quiet"_a,
+        "Runs a suite; returns (report JSON, console text, passed, failed, reports).");
+  m.def("main", &main, "argv"_a, "The tpcheck command line; returns its exit code.");
+  m.def("make_nccl_id", &make_nccl_id_bytes, "A fresh NCCL unique id (128 bytes).");
+  m.def("set_process_nccl_id", &set_process_nccl_id_bytes, "id"_a,
+        "The NCCL id this process's launch shares (torchrun's store).");
+  m.def("dtype_unit_roundoff",
+        [](const std::string& name) { return tpcheck::dtype_unit_roundoff(tpcheck::parse_dtype(name)); },
+        "name"_a, "Unit roundoff of a storage dtype ('f32', 'bf16', ...).");
+  m.def("math_class_unit_roundoff", &math_class_u, "name"_a,
+        "Unit roundoff of a GEMM math class ('fp32', 'tf32', 'bf16', 'fp16', 'fp64').");
+  m.def("policy_names", &tpcheck::policy_names, "The policies compare accepts.");
+  m.def("cuda_devices", [] { return tpcheck::query_devices().cuda_devices; },
+        "GPUs this build can use (0 when built without CUDA).");
+  m.def("built_with_cuda", [] {
+#ifdef TPCHECK_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+}
