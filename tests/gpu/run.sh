@@ -60,16 +60,21 @@ fi
 if has suite; then
   for tp in 1 2 4 8; do
     timed "te suite, cuda, tp $tp emulated" "te_cuda_tp$tp.log" \
-      "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --json "$out/te_cuda_tp$tp.json"
+      "$bin" run --backend cuda --suite te --tp "$tp" --quiet "${filter[@]}" --json "$out/te_cuda_tp$tp.json"
+  done
+  for tp in 2 4 8; do
+    timed "full suite, cuda, tp $tp emulated" "full_cuda_tp$tp.log" \
+      "$bin" run --backend cuda --suite full --tp "$tp" --quiet "${filter[@]}" --json "$out/full_cuda_tp$tp.json"
   done
   timed "te suite, cuda, tp 4, seq 32 x batch 32" "te_cuda_tp4_1024.log" \
-    "$bin" run --backend cuda --tp 4 --seq 32 --batch 32 --quiet "${filter[@]}" --json "$out/te_cuda_tp4_1024.json"
+    "$bin" run --backend cuda --suite te --tp 4 --seq 32 --batch 32 --quiet "${filter[@]}" --json "$out/te_cuda_tp4_1024.json"
 fi
 
 if has mutations; then
   for tp in 2 4 8; do
     for m in $("$bin" mutations | awk '{print $1}'); do
-      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --mutate "$m"
+      # The full suite: it reaches every mutation's path (te misses the full-only ones).
+      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --suite full --tp "$tp" --quiet "${filter[@]}" --mutate "$m"
     done
   done
 fi
