@@ -9,12 +9,13 @@ communication steps) and of the CPU collectives (src/comm/thread_group.cpp, comm
     scripts/coverage.py --build build-cov --check             # ctest coverage_baseline
     scripts/coverage.py --build build-cov --update-baseline   # after a deliberate change
 
-Branches are gcov's, without exception-only branches (--exclude-throw-branches), and
-without two kinds of lines the suite is not meant to reach: the error checks
-(TPCHECK_CHECK / TPCHECK_CHECK_INPUT: bad input, exercised by tests/layers and
-tests/python/test_cli.py; the suite runs only valid configurations) and the mutations'
-switches (`mutated(`, `Mutation::k`: the deliberate bugs, exercised by
-tests/suite/mutation_test.cpp). The figure with every line counted is reported too.
+After the suite, every mutation runs once over MUTATION_CASES (a few full-suite cases
+that reach every mutation's path), so the mutations' code is measured too.
+Branches are gcov's, without exception-only branches (--exclude-throw-branches) and
+unreachable ones (--exclude-unreachable-branches), and without the lines holding the
+error checks (TPCHECK_CHECK / TPCHECK_CHECK_INPUT: bad input, exercised by tests/layers
+and tests/python/test_cli.py; the suite runs only valid configurations). The figure
+with every line counted is reported too.
 docs/COVERAGE.md explains every branch the suite leaves untaken.
 
 The baseline (tests/coverage/baseline.txt) names each reached branch of src/layers by
@@ -36,7 +37,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = os.path.join(ROOT, "tests", "coverage", "baseline.txt")
 LAYERS = "src/layers/"
 COLLECTIVES = ("src/comm/thread_group.cpp", "src/comm/comm.cpp")
-EXCLUDE_LINES = r".*(TPCHECK_CHECK|mutated\(|Mutation::k).*"
+EXCLUDE_LINES = r".*TPCHECK_CHECK.*"
+# Full-suite cases (ids are the same at every TP) that together reach every mutation's
+# path: gated fc1, parallel residual with bias; fused QKV blocks with 2·TP groups; a
+# sliding window with the sequential residual and bias; row-parallel Linear.
+MUTATION_CASES = "|".join([
+    r"^TransformerLayer\.sp[01]\.f32\.activation=geglu\+groups=tp\+mask=no_mask\+residual=parallel",
+    r"^TransformerLayer\.sp[01]\.bf16\.activation=geglu\+qkv=fused_blocks\+groups=2tp",
+    r"^TransformerLayer\.sp[01]\.f32\.activation=swiglu\+mask=window2_3\+residual=post_ln$",
+    r"^Linear\.row\.",
+])
 
 
 def run_suite(build, tp):
@@ -50,14 +60,23 @@ def run_suite(build, tp):
     if proc.returncode != 0:
         sys.exit(f"coverage: `{' '.join(cmd)}` exited {proc.returncode}:\n{proc.stdout[-2000:]}"
                  f"{proc.stderr[-2000:]}")
-    return time.monotonic() - start, proc.stdout.strip().splitlines()[-1]
+    summary = proc.stdout.strip().splitlines()[-1]
+    listing = subprocess.run([cmd[0], "mutations"], capture_output=True, text=True, check=True)
+    for name in [l.split()[0] for l in listing.stdout.splitlines() if l.strip()]:
+        mcmd = cmd[:2] + ["--suite", "full", "--tp", str(tp), "--quiet", "--mutate", name,
+                          "--filter", MUTATION_CASES]
+        m = subprocess.run(mcmd, capture_output=True, text=True)
+        if m.returncode not in (0, 1):  # 1: the mutation was caught, as it should be
+            sys.exit(f"coverage: `{' '.join(mcmd)}` exited {m.returncode}: {m.stderr[-1000:]}")
+    return time.monotonic() - start, summary
 
 
 def gcovr_json(build, exclude=True):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "cov.json")
         cmd = ["gcovr", "--root", ROOT, "--object-directory", build, "--filter", "src/layers/",
-               "--filter", "src/comm/", "--exclude-throw-branches", "--json", out]
+               "--filter", "src/comm/", "--exclude-throw-branches",
+               "--exclude-unreachable-branches", "--json", out]
         if exclude:
             cmd += ["--exclude-lines-by-pattern", EXCLUDE_LINES]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -129,8 +148,9 @@ def main():
         sys.exit("coverage: no coverage data for src/layers (configure with -DTPCHECK_COVERAGE=ON)")
 
     md = [f"# Coverage of the sharded code: `tpcheck run --suite full --tp {args.tp}`\n",
-          f"Suite: {summary} in {seconds:.0f} s. Branches without exception-only ones and "
-          "without the error checks (TPCHECK_CHECK lines).\n",
+          f"Suite: {summary}; then each mutation over a few cases; {seconds:.0f} s in all. "
+          "Branches without exception-only and unreachable ones and without the error checks "
+          "(TPCHECK_CHECK lines).\n",
           "| file | lines | branches taken |", "|---|---|---|"]
     for p in layer_files + [c for c in COLLECTIVES if c in lines]:
         lc, lt, bc, bt = summarize([p], lines, branches)
@@ -140,7 +160,7 @@ def main():
     raw = gcovr_json(build, exclude=False)
     rlines, rbranches = line_counts(raw), branch_records(raw)
     rlc, rlt, rbc, rbt = summarize(layer_files, rlines, rbranches)
-    md.append(f"\nEvery line counted (error checks and mutation switches included): lines "
+    md.append(f"\nEvery line counted (error checks included): lines "
               f"{rlc}/{rlt} ({pct(rlc, rlt)}), branches {rbc}/{rbt} ({pct(rbc, rbt)}).")
     md.append("\n## Untaken branches of src/layers/\n")
     for p in layer_files:
@@ -153,12 +173,13 @@ def main():
             f.write(text)
     print(f"coverage: src/layers lines {lc}/{lt} ({pct(lc, lt)}), branches {bc}/{bt} ({pct(bc, bt)}) "
           f"[every line counted: lines {pct(rlc, rlt)}, branches {pct(rbc, rbt)}]; "
-          f"suite {summary} in {seconds:.0f} s")
+          f"suite {summary}, with the mutation runs {seconds:.0f} s")
 
     reached = sorted(k for p in layer_files for k, r, _, _ in branches[p] if r)
     if args.update_baseline:
         with open(BASELINE, "w") as f:
-            f.write("# Branches of src/layers reached by `tpcheck run --suite full --tp 2`\n"
+            f.write("# Branches of src/layers reached by `tpcheck run --suite full --tp 2` and the\n"
+                    "# mutation runs of scripts/coverage.py\n"
                     "# (scripts/coverage.py --update-baseline; file|line text|occurrence#branch)\n")
             f.write("\n".join(reached) + "\n")
         print(f"coverage: {len(reached)} reached branches written to {BASELINE}")
