@@ -79,7 +79,9 @@ def gcovr_json(build, exclude=True):
                "--exclude-unreachable-branches", "--json", out]
         if exclude:
             cmd += ["--exclude-lines-by-pattern", EXCLUDE_LINES]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        # gcovr reads --filter relative to the working directory: run it from the root
+        # (ctest starts this script in the build tree).
+        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
         with open(out) as f:
             return json.load(f)
 
