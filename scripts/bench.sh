@@ -9,8 +9,9 @@
 #   BENCH_BUILD_DIR=/path BENCH_SUITE_RUNS=5 scripts/bench.sh
 #
 # Benchmarks: every bench/*_bench.cpp (Google Benchmark, JSON output) and the whole `te`
-# suite at TP 4 on the CPU (`tpcheck run --tp 4 --quiet`, truth runs included), timed
-# BENCH_SUITE_RUNS times (default 3); the row gives the fastest run and the median.
+# and `full` suites at TP 4 on the CPU (`tpcheck run --suite te|full --tp 4 --quiet`,
+# truth runs included), each timed BENCH_SUITE_RUNS times (default 3); the row gives the
+# fastest run and the median.
 # The build is Release with -g (debug info only: the same code, but `perf report` can name
 # file:line).
 # A machine shared with other work gives slower, noisier figures: the load average at
@@ -58,17 +59,19 @@ for name in "${bench_names[@]}"; do
     --benchmark_out="$out/$name.json"
 done
 
-echo "== tpcheck run --tp 4 --quiet (x$suite_runs)"
-: >"$out/suite_times.txt"
-for _ in $(seq "$suite_runs"); do
-  # Exit status 0/1 is the verdict (1: some case failed) and the time counts; anything
-  # else (usage error, crash) is recorded as such instead of a time.
-  start="$(date +%s.%N)"
-  rc=0
-  "$build/tpcheck" run --tp 4 --quiet >"$out/suite_output.txt" 2>&1 || rc=$?
-  end="$(date +%s.%N)"
-  echo "$start $end $rc" | awk '{printf "%.3f %d\n", $2 - $1, $3}' >>"$out/suite_times.txt"
-  echo "exit $rc: $(tail -n 1 "$out/suite_output.txt")"
+for suite in te full; do
+  echo "== tpcheck run --suite $suite --tp 4 --quiet (x$suite_runs)"
+  : >"$out/suite_times_$suite.txt"
+  for _ in $(seq "$suite_runs"); do
+    # Exit status 0/1 is the verdict (1: some case failed) and the time counts; anything
+    # else (usage error, crash) is recorded as such instead of a time.
+    start="$(date +%s.%N)"
+    rc=0
+    "$build/tpcheck" run --suite "$suite" --tp 4 --quiet >"$out/suite_output_$suite.txt" 2>&1 || rc=$?
+    end="$(date +%s.%N)"
+    echo "$start $end $rc" | awk '{printf "%.3f %d\n", $2 - $1, $3}' >>"$out/suite_times_$suite.txt"
+    echo "exit $rc: $(tail -n 1 "$out/suite_output_$suite.txt")"
+  done
 done
 load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -81,7 +84,9 @@ python3 "$root/bench/write_results.py" \
   --machine "$machine" \
   --commit "$commit" \
   --load "$load_start -> $load_end" \
-  --suite-times "$out/suite_times.txt" \
-  --suite-summary "$(tail -n 1 "$out/suite_output.txt")" \
+  --suite-times "$out/suite_times_te.txt" \
+  --suite-summary "$(tail -n 1 "$out/suite_output_te.txt")" \
+  --full-suite-times "$out/suite_times_full.txt" \
+  --full-suite-summary "$(tail -n 1 "$out/suite_output_full.txt")" \
   "$out"/*_bench.json
 echo "appended to bench/RESULTS.md"

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Measures the policies at scale: false alarms and detection over a grid of suite runs.
 
-Every grid point is one `tpcheck run --json` of the whole `te` suite (or of --filter):
-seed x TP size x --cpu-gemm class x size set x mutation ("none" measures false alarms).
+Every grid point is one `tpcheck run --json` of a whole suite (or of --filter):
+suite x seed x TP size x --cpu-gemm class x size set x mutation ("none" measures false
+alarms). The suite is always passed explicitly: --suites te (the default) is the grid
+the figures in docs/POLICIES.md were first measured on; --suites te,full adds the `full`
+suite. The mutations of paths only the full suite reaches (FULL_ONLY) run on it alone
+(the te suite cannot see them; tests/suite/mutation_test.cpp shows that).
 The runs go to --jobs worker processes; the results are aggregated per policy into a
 markdown file (--out) and one summary line on stdout.
 
@@ -43,6 +47,7 @@ SIZE_SETS = {
     "odd": ["--hidden", "120", "--ffn", "72", "--heads", "8", "--seq", "12", "--batch", "24"],
 }
 POLICIES = ["truth", "te@1e-5", "te@5e-5", "allclose"]
+FULL_ONLY = {"gated-fc1-one-block", "qkv-one-block", "gqa-wrong-group", "window-offset"}
 TE_ATOL_REFERENCE = 1e-5
 
 
@@ -108,12 +113,13 @@ def truth_failure_detail(case):
 def run_point(tpcheck, point, extra, deadline=None):
     if deadline is not None and time.monotonic() > deadline:
         return {"point": point, "skipped": True}
-    seed, tp, gemm, size, mutation = point
+    seed, tp, gemm, size, mutation, suite = point
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "run.json")
         # --backend cpu: the grid calibrates the CPU's math classes, also on a machine
         # with a GPU (where `run` would otherwise choose the GPU).
-        cmd = [tpcheck, "run", "--backend", "cpu", "--tp", str(tp), "--seed", str(seed), "--cpu-gemm", gemm,
+        cmd = [tpcheck, "run", "--backend", "cpu", "--suite", suite, "--tp", str(tp), "--seed",
+               str(seed), "--cpu-gemm", gemm,
                "--mutate", mutation, "--quiet", "--json", path] + SIZE_SETS[size] + extra
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -146,6 +152,7 @@ def parse_args():
     ap.add_argument("--seeds", type=int, default=7, help="seeds per grid cell (full grid)")
     ap.add_argument("--first-seed", type=int, default=None)
     ap.add_argument("--tp", default="2,4,8")
+    ap.add_argument("--suites", default="te", help="comma list of te, full (grid only)")
     ap.add_argument("--cpu-gemm", default="fp32,tf32,auto")
     ap.add_argument("--sizes", default="default,large,odd", help=f"of {','.join(SIZE_SETS)}")
     ap.add_argument("--mutations", default="all", help="comma list, or 'all' (from tpcheck mutations)")
@@ -172,25 +179,36 @@ def build_grid(args, mutations):
     if args.sample:
         # Every TP size and GEMM class without a mutation (default sizes, plus the odd set
         # once); each mutation once, its (TP, GEMM class) rotating through the grid.
+        # The full suite: TP 2 and 4 without a mutation (fp32, and tf32 at TP 2), and each
+        # full-only mutation there.
         first = args.first_seed or 3001
-        grid = [(first, tp, g, "default", "none") for tp in (2, 4, 8) for g in ("fp32", "tf32", "auto")]
-        grid.append((first, 4, "auto", "odd", "none"))
+        grid = [(first, tp, g, "default", "none", "te") for tp in (2, 4, 8)
+                for g in ("fp32", "tf32", "auto")]
+        grid.append((first, 4, "auto", "odd", "none", "te"))
+        grid += [(first, 2, "fp32", "default", "none", "full"),
+                 (first, 4, "fp32", "default", "none", "full"),
+                 (first, 2, "tf32", "default", "none", "full")]
         cells = [(tp, g) for g in ("fp32", "tf32", "auto") for tp in (2, 4)]
         for i, m in enumerate(mutations):
             tp, g = cells[i % len(cells)]
-            grid.append((first + 1 + i, tp, g, "default", m))
+            grid.append((first + 1 + i, tp, g, "default", m, "full" if m in FULL_ONLY else "te"))
         return grid
     first = args.first_seed or 2001
     mseeds = args.mutation_seeds or args.seeds
     grid = []
-    for size in sizes:
-        for gemm in gemms:
-            for tp in tps:
-                for k in range(args.seeds):
-                    grid.append((first + k, tp, gemm, size, "none"))
-                for m in mutations:
-                    for k in range(mseeds):
-                        grid.append((first + k, tp, gemm, size, m))
+    for suite in args.suites.split(","):
+        if suite not in ("te", "full"):
+            sys.exit(f"calibrate: unknown suite '{suite}'; expected te or full")
+        for size in sizes:
+            for gemm in gemms:
+                for tp in tps:
+                    for k in range(args.seeds):
+                        grid.append((first + k, tp, gemm, size, "none", suite))
+                    for m in mutations:
+                        if suite == "te" and m in FULL_ONLY:
+                            continue  # te never reaches the path (its blind spot)
+                        for k in range(mseeds):
+                            grid.append((first + k, tp, gemm, size, m, suite))
     return grid
 
 
@@ -215,44 +233,45 @@ def write_markdown(args, results, errors, mutations, descriptions, wall):
     add("")
     add("## False alarms (no mutation)\n")
     add("Suite runs with at least one failing case / runs (failing cases in total).\n")
-    add("| size set | cpu-gemm | TP | " + " | ".join(POLICIES) + " |")
-    add("|---|---|---|" + "---|" * len(POLICIES))
+    add("| suite | size set | cpu-gemm | TP | " + " | ".join(POLICIES) + " |")
+    add("|---|---|---|---|" + "---|" * len(POLICIES))
     groups = collections.defaultdict(list)
     for r in clean:
-        seed, tp, gemm, size, _ = r["point"]
-        groups[(size, gemm, tp)].append(r)
-    for key in sorted(groups, key=lambda k: (list(SIZE_SETS).index(k[0]), k[1], k[2])):
+        seed, tp, gemm, size, _, suite = r["point"]
+        groups[(suite, size, gemm, tp)].append(r)
+    for key in sorted(groups, key=lambda k: (k[0], list(SIZE_SETS).index(k[1]), k[2], k[3])):
         rs = groups[key]
         cells = [f"{sum(bool(r['failed'][p]) for r in rs)} / {len(rs)} "
                  f"({sum(len(r['failed'][p]) for r in rs)})" for p in POLICIES]
-        add(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
+        add(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) + " |")
     cells = [f"**{sum(bool(r['failed'][p]) for r in clean)} / {len(clean)}** "
              f"({sum(len(r['failed'][p]) for r in clean)})" for p in POLICIES]
-    add("| all | | | " + " | ".join(cells) + " |")
+    add("| all | | | | " + " | ".join(cells) + " |")
     details = [(r["point"], d) for r in clean for d in r["truth_details"]]
     if details:
         add("\n`truth` false alarms:\n")
         for point, d in details:
-            add(f"- seed {point[0]} TP {point[1]} {point[2]} {point[3]}: {d}")
+            add(f"- {point[5]} seed {point[0]} TP {point[1]} {point[2]} {point[3]}: {d}")
     add("\n## Detection (per mutation)\n")
     add("Suite runs in which the policy fails at least one case / runs; in brackets the "
         "fewest cases it failed in one run.\n")
-    add("| mutation | " + " | ".join(POLICIES) + " |")
-    add("|---|" + "---|" * len(POLICIES))
+    add("| mutation | suite | " + " | ".join(POLICIES) + " |")
+    add("|---|---|" + "---|" * len(POLICIES))
     misses = []
     for m in mutations:
-        rs = [r for r in ok if r["point"][4] == m]
-        if not rs:
-            continue
-        cells = []
-        for p in POLICIES:
-            caught = sum(bool(r["failed"][p]) for r in rs)
-            fewest = min(len(r["failed"][p]) for r in rs)
-            cells.append(f"{caught} / {len(rs)} ({fewest})")
-        add(f"| `{m}` | " + " | ".join(cells) + " |")
-        misses += [(m, r["point"]) for r in rs if not r["failed"]["truth"]]
+        for suite in ("te", "full"):
+            rs = [r for r in ok if r["point"][4] == m and r["point"][5] == suite]
+            if not rs:
+                continue
+            cells = []
+            for p in POLICIES:
+                caught = sum(bool(r["failed"][p]) for r in rs)
+                fewest = min(len(r["failed"][p]) for r in rs)
+                cells.append(f"{caught} / {len(rs)} ({fewest})")
+            add(f"| `{m}` | {suite} | " + " | ".join(cells) + " |")
+            misses += [(m, r["point"]) for r in rs if not r["failed"]["truth"]]
     add("\n`truth`: fewest cases failed in one run, per mutation and TP size (all seeds, "
-        "GEMM classes and size sets); the mutation test's minimums derive from these.\n")
+        "GEMM classes, size sets and suites); the mutation test's minimums derive from these.\n")
     tps = sorted({r["point"][1] for r in ok if r["point"][4] != "none"})
     add("| mutation | " + " | ".join(f"TP {tp}" for tp in tps) + " |")
     add("|---|" + "---|" * len(tps))
@@ -265,7 +284,7 @@ def write_markdown(args, results, errors, mutations, descriptions, wall):
     if misses:
         add("\n`truth` misses:\n")
         for m, point in misses:
-            add(f"- `{m}`: seed {point[0]} TP {point[1]} {point[2]} {point[3]}")
+            add(f"- `{m}`: {point[5]} seed {point[0]} TP {point[1]} {point[2]} {point[3]}")
     if errors:
         add("\n## Errors\n")
         for e in errors:
@@ -297,6 +316,8 @@ def main():
             for line in f:
                 r = json.loads(line)
                 r["point"] = tuple(r["point"])
+                if len(r["point"]) == 5:  # written before points named their suite: te
+                    r["point"] += ("te",)
                 if "error" not in r and r["point"] in set(grid) and r["point"] not in done:
                     results.append(r)
                     done.add(r["point"])
@@ -332,9 +353,9 @@ def main():
           + f"; truth caught {caught}/{len(mutated)} mutation runs; written to {args.out}")
     if args.check and (errors or fa["truth"] or misses):
         for point, d in details:
-            print(f"truth false alarm: seed {point[0]} TP {point[1]} {point[2]} {point[3]}: {d}")
+            print(f"truth false alarm: {point[5]} seed {point[0]} TP {point[1]} {point[2]} {point[3]}: {d}")
         for m, point in misses:
-            print(f"truth missed {m}: seed {point[0]} TP {point[1]} {point[2]} {point[3]}")
+            print(f"truth missed {m}: {point[5]} seed {point[0]} TP {point[1]} {point[2]} {point[3]}")
         for e in errors:
             print(f"error: {e['point']}: {e['error']}")
         return 1

@@ -13,6 +13,7 @@ apt_packages=(
   libgtest-dev libgmock-dev  # unit tests
   libbenchmark-dev     # bench/ programs
   clang libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for scripts/fuzz.sh (fuzz/)
+  gcovr                # line and branch coverage of the layers (scripts/coverage.py)
   python3 python3-pip python3-venv
 )
 missing=()

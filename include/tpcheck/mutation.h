@@ -26,6 +26,11 @@ enum class Mutation {
   kNoDgradAllReduce,      // column-parallel input gradient not all-reduced (no SP)
   kRowBiasBeforeReduce,   // row-parallel bias added on every rank before the reduction
   kRowBiasGradNotReduced, // SP: row-parallel bias gradient not all-reduced across the group
+  // Paths only the `full` suite reaches (the `te` matrix cannot see these):
+  kGatedFc1OneBlock,      // gated fc1 [a; b] sharded as one block, not per half
+  kQkvOneBlock,           // fused QKV, not interleaved ([Q; K; V]), sharded as one block
+  kGqaWrongGroup,         // GQA: local query head i uses group i mod g_local (repeat order)
+  kWindowOffset,          // sliding-window mask shifted one token on ranks other than 0
 };
 
 struct MutationInfo {

@@ -28,8 +28,9 @@
 
 namespace tpcheck {
 
-// Sizes of the `te` suite; the defaults are the reference suite's (made for TP ≤ 4).
-// An explicitly given size is never changed; defaults may be raised to fit the TP size.
+// Sizes of a suite. te's defaults are the reference suite's (made for TP ≤ 4); full's are
+// chosen per TP (full_suite.cpp). An explicitly given size is never changed; defaults
+// may be raised to fit the TP size.
 struct SuiteSizes {
   std::optional<std::int64_t> hidden, ffn, heads, seq, batch;
 };
@@ -56,9 +57,14 @@ struct Suite {
   std::string name;
   std::vector<SuiteCase> cases;
   std::vector<std::string> notes;  // adjustments the suite made, printed to the user
+  std::string description;         // one line: what the suite is ("te: TransformerEngine's ...")
 };
 
-// Names of the suites `make_suite` knows ("te").
+// Names of the suites `make_suite` knows:
+//   "full" (the CLI's default): every option value that changes what the sharded code
+//          does, in pairwise combinations, every layer, f32/f16/bf16, SP off and on
+//          (docs/ARCHITECTURE.md, "Suites"); ids stable across TP 2, 4 and 8;
+//   "te":  TransformerEngine's distributed numerics matrix, exactly (118 cases).
 std::vector<std::string> suite_names();
 // Builds a suite for `tp` ranks. Throws Error(kInput) for an unknown suite name, or when
 // `tp` does not divide an explicitly given size (naming it).

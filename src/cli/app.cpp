@@ -95,6 +95,7 @@ RunOutcome run_suite(const RunArgs& a, bool cpu_gemm_given, std::ostream& consol
   }
   settings.compare = CompareOptions{a.rtol, a.atol};
   settings.notes = suite.notes;
+  settings.notes.insert(settings.notes.begin(), "suite " + suite.description);
   const ResolvedExecution resolved =
       resolve_execution(a.execution, a.tp, rule, cpu_gemm_given, settings);
 
@@ -161,7 +162,8 @@ int main_impl(int argc, char** argv) {
   run->add_option("--comm-order", args.execution.comm_order,
                   "cuda emulated collectives: nccl-ring (default: NCCL's ring order and rounding) or rank");
   run->add_option("--tp", args.tp, "tensor-parallel size (thread ranks on the CPU)");
-  run->add_option("--suite", args.suite, "suite name (te)");
+  run->add_option("--suite", args.suite,
+                  "full (default: every sharded path) or te (the reference's 118-case matrix)");
   run->add_option("--filter", args.filter, "regex over case ids (see `tpcheck list`)");
   run->add_option("--policy", args.policy, "te, allclose, truth (default) or bitwise");
   run->add_option("--seed", args.seed, "seed of parameters, inputs and targets");
@@ -175,7 +177,7 @@ int main_impl(int argc, char** argv) {
   add_size_options(run, args);
 
   CLI::App* list = app.add_subcommand("list", "list the case ids of a suite");
-  list->add_option("--suite", args.suite, "suite name (te)");
+  list->add_option("--suite", args.suite, "full (default) or te");
   list->add_option("--tp", args.tp, "tensor-parallel size");
   list->add_option("--filter", args.filter, "regex over case ids");
   add_size_options(list, args);

@@ -22,7 +22,7 @@ namespace tpcheck {
 struct RunArgs {
   ExecutionArgs execution;
   int tp = 4;
-  std::string suite = "te";
+  std::string suite = "full";
   std::string filter;
   std::string policy = "truth";
   std::uint64_t seed = 1234;

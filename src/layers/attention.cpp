@@ -133,6 +133,36 @@ void MultiheadAttention::Options::validate(int tp_size) const {
 
 namespace {
 
+// Mutation::kGqaWrongGroup: query head i must use local group i / hg (the reference's
+// repeat_interleave order); the bug uses group i mod gl (torch's `repeat` order). The
+// backend maps position p to group p / hg, so the bug runs as a head permutation around
+// the core: position p = grp·hg + m holds head m·gl + grp, whose group is then grp =
+// head mod gl. Empty (no permutation) when the bug cannot show: one local group or one
+// head per group, where both orders agree — as in every `te` case.
+std::vector<std::int64_t> wrong_group_order(std::int64_t hl, std::int64_t gl) {
+  const std::int64_t hg = hl / gl;
+  if (gl < 2 || hg < 2) return {};
+  std::vector<std::int64_t> order(hl);
+  for (std::int64_t grp = 0; grp < gl; ++grp) {
+    for (std::int64_t m = 0; m < hg; ++m) order[grp * hg + m] = m * gl + grp;
+  }
+  return order;
+}
+
+// out[:, :, p] = t[:, :, order[p]] for t [s, b, heads, d].
+Tensor gather_heads(const Tensor& t, const std::vector<std::int64_t>& order) {
+  std::vector<Tensor> parts;
+  for (std::int64_t h : order) parts.push_back(t.slice(2, h, 1));
+  return Tensor::cat(parts, 2);
+}
+
+// The inverse of gather_heads: out[:, :, order[p]] = t[:, :, p].
+Tensor scatter_heads(const Tensor& t, const std::vector<std::int64_t>& order) {
+  std::vector<std::int64_t> inverse(order.size());
+  for (std::size_t p = 0; p < order.size(); ++p) inverse[order[p]] = static_cast<std::int64_t>(p);
+  return gather_heads(t, inverse);
+}
+
 Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t out,
                               std::string site) {
   Linear::Options l;
@@ -170,6 +200,7 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     // Interleaved: whole groups are contiguous, so one block; otherwise Q, K, V are
     // sharded separately.
     l.weight_blocks = {heads * d, g * d, g * d};
+    l.one_block_mutation = Mutation::kQkvOneBlock;
   }
   if (o.input_layernorm) {
     LayerNormLinear::Options n;
@@ -187,6 +218,7 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     n.params_dtype = l.params_dtype;
     n.site = l.site;
     n.weight_blocks = l.weight_blocks;
+    n.one_block_mutation = l.one_block_mutation;
     n.parameters_split = l.parameters_split;
     qkv_ln_ = std::make_unique<LayerNormLinear>(qkv_prefix, n, ctx_);
   } else {
@@ -230,6 +262,12 @@ AttentionMask MultiheadAttention::mask() const {
     m.type = AttentionMask::Type::kSlidingWindow;
     m.window_left = options_.window_left;
     m.window_right = options_.window_right;
+    if (ctx_.mutated(Mutation::kWindowOffset) && ctx_.rank() > 0 && m.window_right > 0) {
+      // The bug: the window's diagonal one token off on ranks other than 0 (keys
+      // [i - l - 1, i + r - 1] instead of [i - l, i + r]).
+      m.window_left += 1;
+      m.window_right -= 1;
+    }
   } else {
     m.type = AttentionMask::Type::kNoMask;
   }
@@ -284,9 +322,15 @@ LayerOutputs MultiheadAttention::forward(const Tensor& x, Saved& saved) {
     saved.v = t.slice(1, (hl + gl) * d, gl * d).reshape({s, b, gl, d});
   }
 
+  const std::vector<std::int64_t> wrong_order =
+      ctx_.mutated(Mutation::kGqaWrongGroup) ? wrong_group_order(hl, gl)
+                                             : std::vector<std::int64_t>();
+  if (!wrong_order.empty()) saved.q = gather_heads(saved.q, wrong_order);
   saved.attention =
       ctx_.backend->attention_forward(saved.q, saved.k, saved.v, mask(), softmax_scale());
-  LayerOutputs proj = proj_->forward(saved.attention.out.reshape({s, b, hl * d}), saved.proj);
+  const Tensor o_heads = wrong_order.empty() ? saved.attention.out
+                                             : scatter_heads(saved.attention.out, wrong_order);
+  LayerOutputs proj = proj_->forward(o_heads.reshape({s, b, hl * d}), saved.proj);
   out.output = proj.output;
   out.bias = proj.bias;
   return out;
@@ -301,9 +345,14 @@ Tensor MultiheadAttention::backward(const OutputGrads& grads, Saved& saved) {
   OutputGrads proj_grads;
   proj_grads.output = grads.output;
   proj_grads.bias = grads.bias;
-  const Tensor d_o = proj_->backward(proj_grads, saved.proj).reshape({s, b, hl, d});
-  const AttentionGrads g = ctx_.backend->attention_backward(
-      d_o, saved.q, saved.k, saved.v, saved.attention, mask(), softmax_scale());
+  const std::vector<std::int64_t> wrong_order =
+      ctx_.mutated(Mutation::kGqaWrongGroup) ? wrong_group_order(hl, gl)
+                                             : std::vector<std::int64_t>();
+  Tensor d_o = proj_->backward(proj_grads, saved.proj).reshape({s, b, hl, d});
+  if (!wrong_order.empty()) d_o = gather_heads(d_o, wrong_order);
+  AttentionGrads g = ctx_.backend->attention_backward(d_o, saved.q, saved.k, saved.v,
+                                                      saved.attention, mask(), softmax_scale());
+  if (!wrong_order.empty()) g.dq = scatter_heads(g.dq, wrong_order);
 
   Tensor dqkv;
   if (o.fuse_qkv_params && o.qkv_weight_interleaved) {

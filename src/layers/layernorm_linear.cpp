@@ -61,6 +61,7 @@ Linear::Options LayerNormLinear::linear_options(const Options& o) {
   l.params_dtype = o.params_dtype;
   l.site = o.site;
   l.weight_blocks = o.weight_blocks;
+  l.one_block_mutation = o.one_block_mutation;
   l.parameters_split = o.parameters_split;
   return l;
 }

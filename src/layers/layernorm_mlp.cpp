@@ -40,7 +40,10 @@ Linear::Options fc1_options(const LayerNormMLP::Options& o) {
   Linear::Options l;
   l.in_features = o.hidden_size;
   l.out_features = gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size;
-  if (gated) l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};
+  if (gated) {
+    l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};  // a and b sharded separately
+    l.one_block_mutation = Mutation::kGatedFc1OneBlock;
+  }
   l.bias = o.bias;
   l.return_bias = o.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
   l.parallel_mode = ParallelMode::kColumn;

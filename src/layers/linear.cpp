@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "layers/json_options.h"
 #include "layers/tp_ops.h"
@@ -80,6 +81,7 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
                         sum, o.out_features);
   }
   ShardSpec weight_shard, bias_shard;
+  std::optional<ShardSpec> values_from;  // the mutated layout the values come from
   int weight_rank = ctx_.rank(), bias_rank = ctx_.rank();
   if (o.parallel_mode == ParallelMode::kColumn) {
     std::vector<std::int64_t> blocks =
@@ -97,6 +99,10 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
     weight_shard = ShardSpec::along(0, o.weight_blocks);
     bias_shard = ShardSpec::along(0, o.weight_blocks);
     if (ctx_.mutated(Mutation::kShardOffByOne)) weight_rank = (ctx_.rank() + 1) % n;
+    if (!o.weight_blocks.empty() && o.one_block_mutation != Mutation::kNone &&
+        ctx_.mutated(o.one_block_mutation)) {
+      values_from = ShardSpec::along(0);  // the bug: the fused rows split as one block
+    }
     if (ctx_.mutated(Mutation::kColumnBiasNotSharded)) bias_rank = 0;
   } else if (o.parallel_mode == ParallelMode::kRow) {
     TPCHECK_CHECK_INPUT(o.in_features % n == 0,
@@ -115,14 +121,15 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
     const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
     weights_.push_back(make_parameter_from_rank(ctx_, stem + "weight", {part.rows, o.in_features},
                                                 weight_shard, weight_fill, o.params_dtype,
-                                                o.fuse_wgrad_accumulation, weight_rank));
+                                                o.fuse_wgrad_accumulation, weight_rank,
+                                                values_from));
   }
   if (o.bias) {
     for (const Options::Split& part : parts) {
       const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
       Parameter b = make_parameter_from_rank(ctx_, stem + "bias", {part.rows}, bias_shard,
                                              default_bias_fill(), o.params_dtype, false,
-                                             bias_rank);
+                                             bias_rank, values_from);
       b.sequence_parallel_grad = o.parallel_mode == ParallelMode::kRow && o.sequence_parallel;
       biases_.push_back(std::move(b));
     }

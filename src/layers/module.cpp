@@ -15,7 +15,8 @@ Parameter make_parameter(const ModuleContext& ctx, std::string name, Shape globa
 
 Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, Shape global_shape,
                                    ShardSpec shard, const FillSpec& fill, DType dtype,
-                                   bool fuse_wgrad_accumulation, int source_rank) {
+                                   bool fuse_wgrad_accumulation, int source_rank,
+                                   const std::optional<ShardSpec>& values_from) {
   const int world = ctx.tp_size();
   check_shardable(global_shape, shard, world, name);
   Parameter p;
@@ -26,8 +27,8 @@ Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, S
     return p;
   }
   // Generated from global indices where the backend computes (rng.h).
-  p.value = generate(fill, ctx.seed, name, global_shape, dtype, shard, source_rank, world,
-                     ctx.backend->device());
+  p.value = generate(fill, ctx.seed, name, global_shape, dtype, values_from.value_or(shard),
+                     source_rank, world, ctx.backend->device());
   p.grad = Tensor::zeros_like(p.value);
   if (fuse_wgrad_accumulation) {
     // f32 as in TransformerEngine; f64 in the truth run, whose point is to lose nothing.

@@ -34,6 +34,14 @@ const std::vector<MutationInfo>& all_mutations() {
        "row-parallel bias added on every rank before the reduction"},
       {Mutation::kRowBiasGradNotReduced, "row-bias-grad-not-reduced",
        "sequence parallel: row-parallel bias gradient not all-reduced"},
+      {Mutation::kGatedFc1OneBlock, "gated-fc1-one-block",
+       "gated fc1 [a; b] (geglu, swiglu) sharded as one block: a rank gets rows of one half"},
+      {Mutation::kQkvOneBlock, "qkv-one-block",
+       "fused QKV not interleaved ([Q; K; V]) sharded as one block, not per Q, K and V"},
+      {Mutation::kGqaWrongGroup, "gqa-wrong-group",
+       "GQA: local query head i uses key/value group i mod groups (repeat, not repeat_interleave)"},
+      {Mutation::kWindowOffset, "window-offset",
+       "sliding-window mask (no_mask with bounds) shifted one token on ranks other than 0"},
   };
   return kAll;
 }

@@ -13,10 +13,14 @@
 //                                                                       kNoDgradAllReduce
 //   reduce_replicated_grad        all-reduce (SP partial gradients)     kNormGradNotReduced,
 //                                                                       kRowBiasGradNotReduced
-//   make_parameter_from_rank      (used for kShardOffByOne and kColumnBiasNotSharded)
-// kRowBiasBeforeReduce and kResidualBeforeReduce live in Linear's row forward.
+//   make_parameter_from_rank      (used for kShardOffByOne, kColumnBiasNotSharded,
+//                                 kGatedFc1OneBlock and kQkvOneBlock)
+// kRowBiasBeforeReduce and kResidualBeforeReduce live in Linear's row forward;
+// kGqaWrongGroup and kWindowOffset in MultiheadAttention (attention.cpp).
 // Thread safety: called by one rank's thread with that rank's context.
 #pragma once
+
+#include <optional>
 
 #include "tpcheck/layers/module.h"
 
@@ -42,10 +46,12 @@ enum class ReplicatedGrad { kNorm, kRowBias };
 void reduce_replicated_grad(const ModuleContext& ctx, Tensor& grad, ReplicatedGrad which);
 
 // make_parameter, but the values of rank `source_rank`'s shard (make_parameter uses
-// ctx.rank()). The mutated parameter bugs use this; `shard` still says where the
-// parameter *should* come from, so the checker reassembles it as the correct layout.
+// ctx.rank()) of layout `values_from` (default: `shard`). The mutated parameter bugs use
+// this; `shard` still says where the parameter *should* come from, so the checker
+// reassembles it as the correct layout.
 Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, Shape global_shape,
                                    ShardSpec shard, const FillSpec& fill, DType dtype,
-                                   bool fuse_wgrad_accumulation, int source_rank);
+                                   bool fuse_wgrad_accumulation, int source_rank,
+                                   const std::optional<ShardSpec>& values_from = std::nullopt);
 
 }  // namespace tpcheck

@@ -14,6 +14,7 @@
 // token count is multiplied by N (row-parallel Linear splits features instead, and its
 // output is token-split).
 
+#include "suite/suites.h"
 #include "tpcheck/error.h"
 #include "tpcheck/suite.h"
 
@@ -95,12 +96,12 @@ Resolved resolve_sizes(int tp, const SuiteSizes& s, std::vector<std::string>& no
 
 }  // namespace
 
-std::vector<std::string> suite_names() { return {"te"}; }
-
-Suite make_suite(const std::string& name, int tp, const SuiteSizes& sizes) {
-  TPCHECK_CHECK_INPUT(name == "te", "unknown suite '{}'; expected one of: te", name);
-  TPCHECK_CHECK_INPUT(tp >= 1, "--tp must be at least 1, got {}", tp);
-  Suite suite{name, {}, {}};
+Suite make_te_suite(int tp, const SuiteSizes& sizes) {
+  Suite suite;
+  suite.name = "te";
+  suite.description =
+      "te: TransformerEngine's distributed numerics matrix, exactly (run_numerics.py, "
+      "unquantized recipe, 118 cases)";
   const Resolved z = resolve_sizes(tp, sizes, suite.notes);
 
   auto add = [&](const std::string& module, const std::string& mode, bool sp,

@@ -63,11 +63,15 @@ fi
 if has suite; then
   for tp in 1 2 4 8; do
     timed "te suite, cuda, tp $tp emulated" "te_cuda_tp$tp.log" \
-      "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --json "$out/te_cuda_tp$tp.json"
+      "$bin" run --backend cuda --suite te --tp "$tp" --quiet "${filter[@]}" --json "$out/te_cuda_tp$tp.json"
+  done
+  for tp in 2 4 8; do
+    timed "full suite, cuda, tp $tp emulated" "full_cuda_tp$tp.log" \
+      "$bin" run --backend cuda --suite full --tp "$tp" --quiet "${filter[@]}" --json "$out/full_cuda_tp$tp.json"
   done
   for tp in 2 4 8; do
     timed "te suite, cuda, tp $tp, seq 32 x batch 32" "te_cuda_tp${tp}_1024.log" \
-      "$bin" run --backend cuda --tp "$tp" --seq 32 --batch 32 --quiet "${filter[@]}" \
+      "$bin" run --suite te --backend cuda --tp "$tp" --seq 32 --batch 32 --quiet "${filter[@]}" \
       --json "$out/te_cuda_tp${tp}_1024.json"
   done
 fi
@@ -86,14 +90,14 @@ expect() {
 
 if has badinput; then
   expect "--backend cuda, no GPU visible" nogpu.log "2 3" "GPU|CUDA" \
-    env CUDA_VISIBLE_DEVICES= "$bin" run --backend cuda --tp 2 --filter '^Linear'
+    env CUDA_VISIBLE_DEVICES= "$bin" run --suite te --backend cuda --tp 2 --filter '^Linear'
   # A column-parallel Linear at hidden 200000: its f32 weight alone is 160 GB.
   expect "out of device memory" oom.log "2 3" "out of device memory" \
-    "$bin" run --backend cuda --tp 1 --filter '^Linear.column.sp0.default$' --hidden 200000
+    "$bin" run --suite te --backend cuda --tp 1 --filter '^Linear.column.sp0.default$' --hidden 200000
   expect "--gemm-impl fma on f16" impl_fma_f16.log "0 1 2 3" "passed|no cuBLASLt algorithm|algorithm" \
-    "$bin" run --backend cuda --tp 2 --gemm-impl fma --filter 'f16|bf16'
+    "$bin" run --suite te --backend cuda --tp 2 --gemm-impl fma --filter 'f16|bf16'
   expect "--comm nccl --tp 2 on one GPU" nccl_two_on_one.log "2 3" "GPU" \
-    "$bin" run --backend cuda --comm nccl --tp 2 --filter '^Linear'
+    "$bin" run --suite te --backend cuda --comm nccl --tp 2 --filter '^Linear'
 fi
 
 if has production; then
@@ -104,7 +108,7 @@ if has production; then
   # Every case's line is printed (no --quiet) so a run cut by the time limit still shows
   # how far it got and what each case cost.
   timed "te suite, cuda, tp 8, production shapes" "te_cuda_tp8_production.log" \
-    timeout "${TPCHECK_PRODUCTION_LIMIT:-540}" "$bin" run --backend cuda --tp 8 --hidden 4096 \
+    timeout "${TPCHECK_PRODUCTION_LIMIT:-540}" "$bin" run --suite te --backend cuda --tp 8 --hidden 4096 \
     --ffn 16384 --heads 32 --seq 256 --batch 8 "${filter[@]}" \
     --json "$out/te_cuda_tp8_production.json"
 fi
@@ -112,7 +116,8 @@ fi
 if has mutations; then
   for tp in 2 4 8; do
     for m in $("$bin" mutations | awk '{print $1}'); do
-      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --mutate "$m"
+      # The full suite: it reaches every mutation's path (te misses the full-only ones).
+      timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --suite full --tp "$tp" --quiet "${filter[@]}" --mutate "$m"
     done
   done
 fi

@@ -29,9 +29,9 @@ timed() {
 }
 nvidia-smi -L >"$out/x2_machine.txt" 2>&1
 
-timed "te, nccl (a) one process, tp 2" nccl_a.log timeout 200 "$bin" run --backend cuda --comm nccl --tp 2 --quiet --json "$out/nccl_a.json"
-timed "te, nccl (b) mpirun -np 2" nccl_b.log bash "$root/tests/gpu/launch_mpirun.sh" 2 "$bin" run --backend cuda --tp 2 --quiet --json "$out/nccl_b.json"
-timed "te, emulated on one GPU, tp 2" emu.log timeout 100 "$bin" run --backend cuda --comm emulated --tp 2 --quiet --json "$out/emu.json"
+timed "te, nccl (a) one process, tp 2" nccl_a.log timeout 200 "$bin" run --backend cuda --comm nccl --suite te --tp 2 --quiet --json "$out/nccl_a.json"
+timed "te, nccl (b) mpirun -np 2" nccl_b.log bash "$root/tests/gpu/launch_mpirun.sh" 2 "$bin" run --backend cuda --suite te --tp 2 --quiet --json "$out/nccl_b.json"
+timed "te, emulated on one GPU, tp 2" emu.log timeout 100 "$bin" run --backend cuda --comm emulated --suite te --tp 2 --quiet --json "$out/emu.json"
 # Emulation ≡ NCCL: every compared tensor's statistics (max |diff| and where, the values
 # there, errors against truth, bit-difference counts: all functions of the sharded bits)
 # and every GEMM site's algorithm, identical in both runs.
@@ -65,10 +65,10 @@ done
 hung=0
 for i in $(seq "$reps"); do
   start=$(date +%s.%N)
-  bash "$root/tests/gpu/launch_mpirun.sh" 2 "$bin" run --backend cuda --tp 2 --quiet >"$out/kill_$i.log" 2>&1 &
+  bash "$root/tests/gpu/launch_mpirun.sh" 2 "$bin" run --backend cuda --suite te --tp 2 --quiet >"$out/kill_$i.log" 2>&1 &
   launcher=$!
   sleep 3
-  pkill -KILL -f -n "tpcheck run --backend cuda --tp 2" 2>/dev/null
+  pkill -KILL -f -n "tpcheck run --backend cuda --suite te --tp 2" 2>/dev/null
   killed=$(date +%s.%N)
   wait "$launcher"; rc=$?
   end=$(date +%s.%N)

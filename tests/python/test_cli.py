@@ -23,6 +23,10 @@ CASE_LINE_RE = re.compile(r"^(PASS|FAIL|WARN)\S* +(\S+) +\|")
 
 # The mutations issue 3 names (and the ones added since), independent of the C++ table.
 EXPECTED_MUTATIONS = {
+    "gated-fc1-one-block",
+    "qkv-one-block",
+    "gqa-wrong-group",
+    "window-offset",
     "no-row-allreduce",
     "double-allreduce",
     "shard-off-by-one",
@@ -75,9 +79,9 @@ def listed_ids(cli, *args):
 
 
 def test_linear_tp2_passes(cli):
-    r = tpcheck(cli, "run", "--tp", "2", "--filter", "^Linear")
+    r = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter", "^Linear")
     assert r.returncode == 0, r.stdout + r.stderr
-    n = len(listed_ids(cli, "--tp", "2", "--filter", "^Linear"))
+    n = len(listed_ids(cli, "--suite", "te", "--tp", "2", "--filter", "^Linear"))
     assert n == 32  # {column, row} × SP × 8 variants
     assert last_line(r.stdout) == f"{n} passed, 0 failed"
     cases = case_lines(r.stdout)
@@ -87,7 +91,8 @@ def test_linear_tp2_passes(cli):
 
 
 def test_mutation_fails_with_exit_1(cli):
-    r = tpcheck(cli, "run", "--tp", "2", "--filter", "^Linear", "--mutate", "no-row-allreduce")
+    r = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter", "^Linear", "--mutate",
+                "no-row-allreduce")
     assert r.returncode == 1, r.stdout + r.stderr
     m = SUMMARY_RE.match(last_line(r.stdout))
     assert m, f"last line is not 'N passed, M failed': {last_line(r.stdout)!r}"
@@ -140,16 +145,32 @@ def test_usage_error(cli, tmp_path, args, named):
 
 
 def test_list_prints_118_unique_ids(cli):
-    ids = listed_ids(cli)
+    ids = listed_ids(cli, "--suite", "te")
     assert len(ids) == 118
     assert len(set(ids)) == 118
     assert all(re.fullmatch(r"[A-Za-z]+(\.(column|row))?\.sp[01]\.\S+", i) for i in ids), ids
     # At tp 8 the defaults are adjusted, and `list` says so before the ids.
-    r = tpcheck(cli, "list", "--tp", "8")
+    r = tpcheck(cli, "list", "--suite", "te", "--tp", "8")
     assert r.returncode == 0
     notes = [line for line in r.stdout.splitlines() if line.startswith("note:")]
     assert any("heads" in n for n in notes), r.stdout
-    assert len(listed_ids(cli, "--tp", "8")) == 118
+    assert len(listed_ids(cli, "--suite", "te", "--tp", "8")) == 118
+
+
+def test_default_suite_is_full_with_stable_ids(cli):
+    # `tpcheck list` and `tpcheck run` without --suite use `full`; its ids are the same at
+    # TP 2, 4 and 8 (GQA groups are named "tp", "2tp"), unique, regex-friendly, and name
+    # the dtype.
+    ids = listed_ids(cli, "--tp", "2")
+    assert ids == listed_ids(cli, "--suite", "full", "--tp", "2")
+    assert ids == listed_ids(cli, "--tp", "4") == listed_ids(cli, "--tp", "8")
+    assert len(ids) == len(set(ids)) > 118
+    assert all(re.fullmatch(r"[A-Za-z]+(\.(column|row|none))?\.sp[01]\.(f32|f16|bf16)\."
+                            r"[A-Za-z0-9_=+]+", i) for i in ids), ids
+    assert set(ids).isdisjoint(listed_ids(cli, "--suite", "te", "--tp", "2"))
+    r = tpcheck(cli, "run", "--tp", "2", "--filter", r"^LayerNorm\.sp1\.bf16\.")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "suite full" in r.stdout.splitlines()[0], r.stdout
 
 
 def test_mutations_lists_every_name_and_each_is_accepted(cli):
@@ -162,14 +183,15 @@ def test_mutations_lists_every_name_and_each_is_accepted(cli):
     for line in r.stdout.splitlines():
         assert len(line.split(None, 1)) == 2, f"mutation without a description: {line!r}"
     for name in names:  # every listed name is one `run --mutate` accepts (one tiny case)
-        m = tpcheck(cli, "run", "--tp", "2", "--filter", r"^Linear\.row\.sp1\.default$",
+        m = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter",
+                    r"^Linear\.row\.sp1\.default$",
                     "--mutate", name)
         assert m.returncode in (0, 1), f"--mutate {name}: exit {m.returncode}\n{m.stderr}"
 
 
 # ---- the reference suite's fp32 false alarm, and the JSON report ----------------------
 
-FALSE_ALARM = ["--tp", "4", "--cpu-gemm", "auto", "--atol", "1e-5", "--filter", "LayerNormMLP"]
+FALSE_ALARM = ["--suite", "te", "--tp", "4", "--cpu-gemm", "auto", "--atol", "1e-5", "--filter", "LayerNormMLP"]
 GEMM_CLASS_LINE_RE = re.compile(
     r"gemm class differs at mlp\.fc2/fwd: single tf32 \(.*\) vs sharded fp32 \(.*\)")
 

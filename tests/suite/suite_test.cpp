@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -31,7 +32,10 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST(TeSuite, NamesTheSuite) { EXPECT_EQ(suite_names(), std::vector<std::string>{"te"}); }
+TEST(TeSuite, IsOneOfTheSuites) {
+  const std::vector<std::string> names = suite_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "te"), names.end());
+}
 
 TEST(TeSuite, Has118CasesWithUniqueIds) {
   for (int tp : {1, 2, 4, 8}) {

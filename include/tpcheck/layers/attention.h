@@ -27,6 +27,11 @@
 // projection reduce-scatters.
 // Mutation::kAttentionScaleLocal (sharded runs only) takes the softmax scale from the
 // local head count, 1/sqrt(hidden / (heads/N)), instead of 1/sqrt(d).
+// Mutation::kGqaWrongGroup (sharded, only where it can show: two or more local groups of
+// two or more heads) maps local query head i to group i mod g/N instead of i / (heads/g).
+// Mutation::kWindowOffset (sharded, ranks other than 0, no_mask sliding windows with a
+// right bound) shifts the window one token: (l, r) → (l + 1, r − 1).
+// Mutation::kQkvOneBlock (fused, not interleaved) takes the QKV rows as one block.
 // Thread safety: a layer object belongs to one rank.
 #pragma once
 

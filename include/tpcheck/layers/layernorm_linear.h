@@ -40,6 +40,7 @@ class LayerNormLinear {
     DType params_dtype = DType::kF32;
     std::string site = "linear";              // not a JSON key: parents set it
     std::vector<std::int64_t> weight_blocks;  // not a JSON key; see Linear::Options
+    Mutation one_block_mutation = Mutation::kNone;  // not a JSON key; see Linear::Options
     std::vector<Linear::Options::Split> parameters_split;  // not a JSON key; see Linear::Options
 
     // Keys: in_features, out_features, normalization, zero_centered_gamma, eps,

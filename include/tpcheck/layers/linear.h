@@ -59,6 +59,10 @@ class Linear {
     // bias), for fused weights whose parts are sharded separately (gated fc1 {ffn, ffn},
     // non-interleaved QKV {heads·d, g·d, g·d}). Empty: one block.
     std::vector<std::int64_t> weight_blocks;
+    // Not a JSON key: the Mutation under which this rank takes its weight and bias rows as
+    // if the weight were one block (ignoring weight_blocks); kNone: never. Parents set it
+    // for the fused weights whose per-block sharding is the point (gated fc1, QKV).
+    Mutation one_block_mutation = Mutation::kNone;
     // Not a JSON key: the weight (and bias) held as one parameter per entry {name, rows},
     // rows summing to out_features, each sharded along dim 0 (column mode) or replicated
     // (none). Empty: one `weight` and one `bias`. Excludes weight_blocks.
