@@ -68,6 +68,16 @@ void widen(const Tensor& t, std::int64_t start, std::int64_t n, double* dst) {
       for (std::int64_t j = 0; j < n; ++j) dst[j] = f8e5m2_bits_to_f32(p[j]);
       return;
     }
+    case DType::kF4E2M1: {
+      const auto* p = static_cast<const std::uint8_t*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = f4e2m1_bits_to_f32(p[j]);
+      return;
+    }
+    case DType::kF8E8M0: {
+      const auto* p = static_cast<const std::uint8_t*>(raw) + start;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = f8e8m0_bits_to_f32(p[j]);
+      return;
+    }
   }
 }
 
