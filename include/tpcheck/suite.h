@@ -83,6 +83,10 @@ struct Execution {
   // all_gather each), so every process holds them all. The other ranks' GEMM and
   // communication ledgers stay in their processes.
   bool one_process_per_rank = false;
+  // Optional: wraps each run's communicator (the sharded ranks' and the unsharded runs'
+  // group of one) before the rank makes its backend, on the rank's thread — a decorator
+  // that records collectives (tpcheck explain). Unset: the communicator as it is.
+  std::function<std::unique_ptr<Communicator>(Communicator&)> wrap_communicator;
 };
 // The CPU backend with thread ranks (what CI runs).
 Execution cpu_execution();

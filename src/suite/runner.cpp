@@ -99,7 +99,10 @@ LayerOutputs to_host(const LayerOutputs& o) {
 
 RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
                     const GemmClassRule& rule, Mutation mutation, std::uint64_t seed,
-                    const Execution& execution, Communicator& comm, Layouts* layouts) {
+                    const Execution& execution, Communicator& group, Layouts* layouts) {
+  std::unique_ptr<Communicator> wrapped;
+  if (execution.wrap_communicator) wrapped = execution.wrap_communicator(group);
+  Communicator& comm = wrapped ? *wrapped : group;
   std::unique_ptr<Backend> backend = execution.make_backend(comm.rank());
   comm.clear_comm_ledger();  // a process group's communicator lives across cases
   backend->set_gemm_rule(rule);
