@@ -145,6 +145,8 @@ constexpr const char* kPageScript = R"js(
     const c = document.createElement('canvas'); c.width = 520; c.height = 340; box.appendChild(c);
     parent.appendChild(box); return c;
   }
+  // Log axes: label the powers of ten only, as 1e-5.
+  const logTicks = { callback: function (v) { const e = Math.log10(v); return Math.abs(e - Math.round(e)) < 1e-9 ? '1e' + Math.round(e) : ''; } };
   function done(c) { c.dataset.drawn = '1'; drawn++; }
   for (const cs of data.cases) {
     const sec = document.getElementById('case-' + cs.index);
@@ -156,14 +158,14 @@ constexpr const char* kPageScript = R"js(
           { label: 'single', data: ex.single, borderColor: '#1f77b4', pointRadius: 2 },
           { label: 'sharded', data: ex.sharded, borderColor: '#d62728', pointRadius: ex.diverges.map(d => d ? 5 : 2),
             pointBackgroundColor: ex.diverges.map(d => d ? '#d62728' : '#ffffff') } ] },
-        options: Object.assign({}, base, { scales: { y: { type: 'logarithmic', title: { display: true, text: 'relative error' } },
+        options: Object.assign({}, base, { scales: { y: { type: 'logarithmic', ticks: logTicks, title: { display: true, text: 'relative error' } },
           x: { ticks: { autoSkip: true, maxRotation: 60, font: { size: 9 } } } } }) });
       done(c);
     }
     for (const t of cs.tensors) {
       const row = document.createElement('div'); row.className = 'row'; sec.appendChild(row);
       const xs = t.points.map(p => p[0]);
-      const lo = Math.min(...xs, 1e-30), hi = Math.max(...xs, 1e-30);
+      const lo = xs.length ? Math.min(...xs) : 1e-6, hi = xs.length ? Math.max(...xs) : 1;
       const sets = [{ label: '|sharded − single| (' + t.points.length + ' of ' + t.numel + ')', data: t.points.map(p => ({ x: p[0], y: p[1] })),
                       pointRadius: 1.5, backgroundColor: 'rgba(31,119,180,0.5)' }];
       if (t.atol !== undefined) {
@@ -174,8 +176,8 @@ constexpr const char* kPageScript = R"js(
       }
       const c1 = canvas(row, t.name + ' (' + t.kind + ', ' + t.verdict + '): |sharded − single| vs |single|');
       new Chart(c1, { type: 'scatter', data: { datasets: sets }, options: Object.assign({}, base, { scales: {
-          x: { type: 'logarithmic', title: { display: true, text: '|single|' } },
-          y: { type: 'logarithmic', title: { display: true, text: '|sharded − single|' } } } }) });
+          x: { type: 'logarithmic', ticks: logTicks, title: { display: true, text: '|single|' } },
+          y: { type: 'logarithmic', ticks: logTicks, title: { display: true, text: '|sharded − single|' } } } }) });
       done(c1);
       const h = t.histograms;
       if (h.centers_log10) {
