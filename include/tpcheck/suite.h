@@ -97,6 +97,10 @@ struct RunConfig {
   Mutation mutation = Mutation::kNone;
   GemmClassRule gemm_rule;  // single and sharded runs; truth always computes in fp64
   Execution execution = cpu_execution();
+  // Only the single and sharded runs (no truth run, no rounding probe: ComparedTensor's
+  // truth and rounding_noise stay undefined). For re-runs that compare sharded with
+  // single only (explain's counterfactuals); judge_case needs the truth run.
+  bool skip_truth = false;
 };
 
 // One compared tensor, global shape, in each run.

@@ -172,6 +172,7 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
                                    force_sharded ? forcing : GemmForcing{});
         RunConfig forced = config;
         forced.execution = recorders.wrap(config.execution);
+        forced.skip_truth = true;  // forcing changes single and sharded only
         const CaseRun rerun = run_case(c, forced);
         ++out.reruns;
         for (const TensorExplanation& x : out.tensors) {
