@@ -108,7 +108,7 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
   }
   const CaseResult& result = out.result;
 
-  // The tensors to explain: the failing ones (largest difference first), else the worst.
+  // The tensors to explain: the failing ones, else the worst.
   std::vector<int> picked;
   for (std::size_t i = 0; i < result.tensors.size(); ++i) {
     if (!result.tensors[i].verdicts[options.chosen_policy].passed()) picked.push_back(static_cast<int>(i));
@@ -118,7 +118,11 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
     const int w = worst_tensor(result, options.chosen_policy);
     if (w >= 0) picked.push_back(w);
   }
+  // The tensor the case's line names first (worst_tensor: the first failing one), then
+  // the rest by their difference.
+  const int deciding = worst_tensor(result, options.chosen_policy);
   std::stable_sort(picked.begin(), picked.end(), [&](int a, int b) {
+    if ((a == deciding) != (b == deciding)) return a == deciding;
     return result.tensors[a].comparison.norm_rel_diff > result.tensors[b].comparison.norm_rel_diff;
   });
   if (static_cast<int>(picked.size()) > options.max_tensors) picked.resize(options.max_tensors);
