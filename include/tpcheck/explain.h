@@ -20,11 +20,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tpcheck/forensics.h"
 #include "tpcheck/suite.h"
@@ -40,13 +39,13 @@ struct ExplainOptions {
 
 // One intermediate tensor of the layer, single against sharded.
 struct TrailEntry {
-  int order = 0;           // position in the sharded run's execution order
-  std::string name;        // "mlp.fc1/fwd" (a GEMM), "mlp.fc1/fwd → activation_forward"
-  std::string op;          // "gemm", "norm_forward", "all_reduce", ...
-  int occurrence = 0;      // n-th op of this name in the run
-  bool comparable = false; // a layout relating the ranks' tensors to single's was found
-  std::string layout;      // "replicated", "sum over ranks", "split dim 1", "split dim 0 (4 blocks)"
-  std::string note;        // why not comparable / present in one run only
+  int order = 0;            // position in the sharded run's execution order
+  std::string name;         // "mlp.fc1/fwd" (a GEMM), "mlp.fc1/fwd → activation_forward"
+  std::string op;           // "gemm", "norm_forward", "all_reduce", ...
+  int occurrence = 0;       // n-th op of this name in the run
+  bool comparable = false;  // a layout relating the ranks' tensors to single's was found
+  std::string layout;  // "replicated", "sum over ranks", "split dim 1", "split dim 0 (4 blocks)"
+  std::string note;    // why not comparable / present in one run only
   Shape single_shape, sharded_shape;  // sharded: rank 0's local shape
   double max_abs_diff = 0;            // max |sharded − single|
   double norm_rel_diff = 0;           // ‖sharded − single‖ / ‖single‖
@@ -70,27 +69,27 @@ struct Counterfactual {
 };
 
 struct TensorExplanation {
-  std::string name, kind;      // as in the case's tensors ("fc1_weight", "gradient")
-  bool failing = false;        // fails the chosen policy (else: the case's worst tensor)
-  double norm_rel_diff = 0;    // ‖sharded − single‖ / ‖single‖
+  std::string name, kind;    // as in the case's tensors ("fc1_weight", "gradient")
+  bool failing = false;      // fails the chosen policy (else: the case's worst tensor)
+  double norm_rel_diff = 0;  // ‖sharded − single‖ / ‖single‖
   double max_abs_diff = 0;
-  double single_err = 0, sharded_err = 0;  // rms against truth
-  int first_divergence = -1;   // index into CaseExplanation::trail; -1 none
+  double single_err = 0, sharded_err = 0;     // rms against truth
+  int first_divergence = -1;                  // index into CaseExplanation::trail; -1 none
   std::vector<GemmClassDiff> upstream_diffs;  // GEMM sites upstream whose class/algorithm differ
-  std::string best_site;       // the forcing that removes the most ("" none)
-  std::string best_direction;  // "sharded" or "single"
-  double best_removed = 0;     // fraction of the difference it removed
-  std::string cause;           // "rounding", "bug", "identical"
-  std::string sentence;        // the closing sentence
+  std::string best_site;                      // the forcing that removes the most ("" none)
+  std::string best_direction;                 // "sharded" or "single"
+  double best_removed = 0;                    // fraction of the difference it removed
+  std::string cause;                          // "rounding", "bug", "identical"
+  std::string sentence;                       // the closing sentence
 };
 
 struct CaseExplanation {
-  CaseResult result;           // the judged case (as `tpcheck run` reports it)
-  CaseRun run;                 // its tensors and ledgers
+  CaseResult result;  // the judged case (as `tpcheck run` reports it)
+  CaseRun run;        // its tensors and ledgers
   std::vector<TrailEntry> trail;
   std::vector<TensorExplanation> tensors;
   std::vector<Counterfactual> counterfactuals;
-  int reruns = 0;              // case re-runs spent on counterfactuals
+  int reruns = 0;  // case re-runs spent on counterfactuals
   double seconds = 0;
 };
 

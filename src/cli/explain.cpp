@@ -16,11 +16,14 @@ namespace tpcheck {
 
 CLI::App* add_explain_command(CLI::App& app, RunArgs& args, std::string& case_id) {
   CLI::App* cmd = app.add_subcommand(
-      "explain", "why does the sharded run differ? first divergence, GEMM attribution, forced re-runs");
-  cmd->add_option("case", case_id, "case id (see `tpcheck list`; a regex matching exactly one case works too)")
+      "explain",
+      "why does the sharded run differ? first divergence, GEMM attribution, forced re-runs");
+  cmd->add_option("case", case_id,
+                  "case id (see `tpcheck list`; a regex matching exactly one case works too)")
       ->required();
   add_case_options(cmd, args);
-  cmd->add_option("--json", args.json_path, "write the explanation as JSON (schema tpcheck.explain/1) here");
+  cmd->add_option("--json", args.json_path,
+                  "write the explanation as JSON (schema tpcheck.explain/1) here");
   cmd->add_option("--html", args.html_path, "write a self-contained HTML report with plots here");
   return cmd;
 }
@@ -33,10 +36,11 @@ SuiteCase find_case(const Suite& suite, const std::string& id) {
     if (c.id == id) return c;
   }
   const std::vector<SuiteCase> matches = select_cases(suite, id);
-  TPCHECK_CHECK_INPUT(matches.size() == 1,
-                      "explain: '{}' is not a case id and matches {} cases of suite '{}' (first: {}); "
-                      "give one id from `tpcheck list`",
-                      id, matches.size(), suite.name, matches.front().id);
+  TPCHECK_CHECK_INPUT(
+      matches.size() == 1,
+      "explain: '{}' is not a case id and matches {} cases of suite '{}' (first: {}); "
+      "give one id from `tpcheck list`",
+      id, matches.size(), suite.name, matches.front().id);
   return matches.front();
 }
 
@@ -47,8 +51,8 @@ int explain_command(const RunArgs& args, const std::string& case_id) {
   TPCHECK_CHECK_INPUT(!prepared.config.execution.one_process_per_rank,
                       "tpcheck explain runs every rank in one process; start it without mpirun / "
                       "torchrun (--comm emulated runs the sharded shapes on one GPU)");
-  TPCHECK_CHECK_INPUT(args.tp >= 2, "tpcheck explain compares a sharded run: --tp must be >= 2, got {}",
-                      args.tp);
+  TPCHECK_CHECK_INPUT(args.tp >= 2,
+                      "tpcheck explain compares a sharded run: --tp must be >= 2, got {}", args.tp);
   const SuiteCase c = find_case(prepared.suite, case_id);
   std::ofstream json_file, html_file;
   if (!args.json_path.empty()) {

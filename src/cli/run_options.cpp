@@ -10,7 +10,8 @@ namespace tpcheck {
 void add_size_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--hidden", a.sizes.hidden, "hidden size (default 64)");
   cmd->add_option("--ffn", a.sizes.ffn, "FFN hidden size (default 32)");
-  cmd->add_option("--heads", a.sizes.heads, "attention heads (default 4, raised to --tp if larger)");
+  cmd->add_option("--heads", a.sizes.heads,
+                  "attention heads (default 4, raised to --tp if larger)");
   cmd->add_option("--seq", a.sizes.seq, "sequence length per rank (default 16)");
   cmd->add_option("--batch", a.sizes.batch, "batch size (default 16)");
 }
@@ -18,19 +19,24 @@ void add_size_options(CLI::App* cmd, RunArgs& a) {
 void add_case_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--backend", a.execution.backend,
                   "auto (default: cuda when a GPU is present, else cpu), cpu or cuda");
-  cmd->add_option("--tf32", a.execution.tf32, "cuda: f32 GEMMs may use TF32 (on, default) or not (off)");
+  cmd->add_option("--tf32", a.execution.tf32,
+                  "cuda: f32 GEMMs may use TF32 (on, default) or not (off)");
   cmd->add_option("--gemm-impl", a.execution.gemm_impl,
                   "cuda: cuBLASLt implementations allowed: any (default), tensor-core or fma");
-  cmd->add_option("--comm", a.execution.comm,
-                  "cuda: auto (default: NCCL when there is a GPU per rank, else emulated), emulated or nccl");
-  cmd->add_option("--comm-order", a.execution.comm_order,
-                  "cuda emulated collectives: nccl-ring (default: NCCL's ring order and rounding) or rank");
+  cmd->add_option(
+      "--comm", a.execution.comm,
+      "cuda: auto (default: NCCL when there is a GPU per rank, else emulated), emulated or nccl");
+  cmd->add_option(
+      "--comm-order", a.execution.comm_order,
+      "cuda emulated collectives: nccl-ring (default: NCCL's ring order and rounding) or rank");
   cmd->add_option("--tp", a.tp, "tensor-parallel size (thread ranks on the CPU)");
   cmd->add_option("--suite", a.suite, "suite name (te)");
   cmd->add_option("--policy", a.policy, "te, allclose, truth (default) or bitwise");
   cmd->add_option("--seed", a.seed, "seed of parameters, inputs and targets");
-  cmd->add_option("--mutate", a.mutate, "build the sharded layers with a TP bug (see `tpcheck mutations`)");
-  a.cpu_gemm_option = cmd->add_option("--cpu-gemm", a.cpu_gemm, "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
+  cmd->add_option("--mutate", a.mutate,
+                  "build the sharded layers with a TP bug (see `tpcheck mutations`)");
+  a.cpu_gemm_option = cmd->add_option("--cpu-gemm", a.cpu_gemm,
+                                      "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
   cmd->add_option("--rtol", a.rtol, "override rtol of te/allclose");
   cmd->add_option("--atol", a.atol, "override atol of te/allclose");
   add_size_options(cmd, a);
@@ -57,16 +63,18 @@ std::vector<SuiteCase> select_cases(const Suite& suite, const std::string& filte
   try {
     re = std::regex(filter);
   } catch (const std::regex_error& e) {
-    throw Error(ErrorKind::kInput, fmt::format("--filter '{}' is not a valid regex: {}", filter, e.what()));
+    throw Error(ErrorKind::kInput,
+                fmt::format("--filter '{}' is not a valid regex: {}", filter, e.what()));
   }
   std::vector<SuiteCase> out;
   for (const SuiteCase& c : suite.cases) {
     if (std::regex_search(c.id, re)) out.push_back(c);
   }
   if (out.empty()) {
-    throw Error(ErrorKind::kInput,
-                fmt::format("--filter '{}' matches none of the {} cases of suite '{}' (see `tpcheck list`)",
-                            filter, suite.cases.size(), suite.name));
+    throw Error(
+        ErrorKind::kInput,
+        fmt::format("--filter '{}' matches none of the {} cases of suite '{}' (see `tpcheck list`)",
+                    filter, suite.cases.size(), suite.name));
   }
   return out;
 }
@@ -93,7 +101,8 @@ PreparedRun prepare_run(const RunArgs& a) {
   settings.compare = CompareOptions{a.rtol, a.atol};
   settings.notes = p.suite.notes;
   const bool cpu_gemm_given = a.cpu_gemm_option != nullptr && a.cpu_gemm_option->count() > 0;
-  const ResolvedExecution resolved = resolve_execution(a.execution, a.tp, rule, cpu_gemm_given, settings);
+  const ResolvedExecution resolved =
+      resolve_execution(a.execution, a.tp, rule, cpu_gemm_given, settings);
   p.config = RunConfig{a.tp, a.seed, mutation, resolved.gemm_rule, resolved.execution};
   p.judge = JudgeConfig{settings.policies, settings.compare};
   p.reports = resolved.reports;

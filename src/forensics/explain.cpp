@@ -2,12 +2,12 @@
 // re-runs and the closing sentence (see tpcheck/explain.h, docs/FORENSICS.md).
 #include "tpcheck/explain.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "forensics/explain_recorder.h"
 #include "forensics/explain_trail.h"
@@ -41,7 +41,8 @@ std::string module_of(const std::string& name) {
 }
 
 std::string class_words(const GemmRecord& r) {
-  if (r.cublaslt) return fmt::format("{} ({})", math_class_name(r.math_class), r.cublaslt->numerical_impl);
+  if (r.cublaslt)
+    return fmt::format("{} ({})", math_class_name(r.math_class), r.cublaslt->numerical_impl);
   return std::string(math_class_name(r.math_class));
 }
 
@@ -68,7 +69,9 @@ std::string forced_words(const GemmForcing& f) {
   for (const auto& [site, t] : f.sites) {
     if (!out.empty()) out += ", ";
     out += std::string(math_class_name(t.math_class));
-    if (t.algorithm) out += fmt::format(" algo {} {} {}", t.algorithm->algo_id, t.algorithm->tile_name, t.algorithm->stages_name);
+    if (t.algorithm)
+      out += fmt::format(" algo {} {} {}", t.algorithm->algo_id, t.algorithm->tile_name,
+                         t.algorithm->stages_name);
     if (f.sites.size() > 1) out += " at " + site;
   }
   return out;
@@ -79,7 +82,8 @@ std::string forced_words(const GemmForcing& f) {
 CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const JudgeConfig& judge,
                              const ExplainOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  TPCHECK_CHECK_INPUT(config.tp >= 2, "tpcheck explain compares a sharded run: --tp must be >= 2, got {}",
+  TPCHECK_CHECK_INPUT(config.tp >= 2,
+                      "tpcheck explain compares a sharded run: --tp must be >= 2, got {}",
                       config.tp);
   TPCHECK_CHECK_INPUT(options.chosen_policy < judge.policies.size(), "explain: no policy {}",
                       options.chosen_policy);
@@ -87,7 +91,8 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
   for (std::size_t p = 0; p < judge.policies.size(); ++p) {
     if (judge.policies[p].kind == PolicyKind::kTruth) truth_policy = p;
   }
-  TPCHECK_CHECK(truth_policy < judge.policies.size(), "explain needs the truth policy among the judged ones");
+  TPCHECK_CHECK(truth_policy < judge.policies.size(),
+                "explain needs the truth policy among the judged ones");
 
   CaseExplanation out;
   // 1. The recorded run.
@@ -101,8 +106,8 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
     const auto truth = recorders.truth();
     const auto sharded = recorders.sharded();
     TPCHECK_CHECK(single && static_cast<int>(sharded.size()) == config.tp,
-                  "explain: the runs were not recorded (single {}, {} sharded ranks)", single != nullptr,
-                  sharded.size());
+                  "explain: the runs were not recorded (single {}, {} sharded ranks)",
+                  single != nullptr, sharded.size());
     out.trail = explain::build_trail(*single, truth.get(), sharded,
                                      out.result.policies[truth_policy].truth);
   }
@@ -111,7 +116,8 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
   // The tensors to explain: the failing ones, else the worst.
   std::vector<int> picked;
   for (std::size_t i = 0; i < result.tensors.size(); ++i) {
-    if (!result.tensors[i].verdicts[options.chosen_policy].passed()) picked.push_back(static_cast<int>(i));
+    if (!result.tensors[i].verdicts[options.chosen_policy].passed())
+      picked.push_back(static_cast<int>(i));
   }
   const bool failing = !picked.empty();
   if (!failing) {
@@ -161,10 +167,12 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
 
   // 3. Counterfactual re-runs: each site forced, in each direction; then all at once.
   if (options.counterfactual && !site_order.empty()) {
-    if (static_cast<int>(site_order.size()) > options.max_forced_sites) site_order.resize(options.max_forced_sites);
+    if (static_cast<int>(site_order.size()) > options.max_forced_sites)
+      site_order.resize(options.max_forced_sites);
     std::vector<std::set<std::string>> groups;
     for (const std::string& s : site_order) groups.push_back({s});
-    if (site_order.size() > 1) groups.push_back(std::set<std::string>(site_order.begin(), site_order.end()));
+    if (site_order.size() > 1)
+      groups.push_back(std::set<std::string>(site_order.begin(), site_order.end()));
     for (const auto& group : groups) {
       for (const bool force_sharded : {true, false}) {
         GemmForcing forcing = forcing_for(result.gemm_class_diffs, group, force_sharded);
@@ -204,19 +212,24 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
         x.best_direction = cf.forced_run;
       }
     }
-    const double ratio = x.single_err > 0 ? x.sharded_err / x.single_err : (x.sharded_err > 0 ? INFINITY : 1.0);
+    const double ratio =
+        x.single_err > 0 ? x.sharded_err / x.single_err : (x.sharded_err > 0 ? INFINITY : 1.0);
     const bool truth_passes = t.verdicts[truth_policy].passed();
     const GemmClassDiff* best = nullptr;
     for (const GemmClassDiff& d : x.upstream_diffs) {
       if (d.site == x.best_site) best = &d;
     }
-    const std::string tensor = fmt::format("`{}`{}", x.name, x.kind == "gradient" ? " gradient" : "");
+    const std::string tensor =
+        fmt::format("`{}`{}", x.name, x.kind == "gradient" ? " gradient" : "");
     if (x.norm_rel_diff == 0 && t.comparison.max_abs_diff == 0) {
       x.cause = "identical";
-      x.sentence = fmt::format("identical: the sharded run reproduces single's {} exactly.", tensor);
-    } else if (best != nullptr && (x.best_removed >= 0.5 && (truth_passes || x.best_removed >= 0.9))) {
+      x.sentence =
+          fmt::format("identical: the sharded run reproduces single's {} exactly.", tensor);
+    } else if (best != nullptr &&
+               (x.best_removed >= 0.5 && (truth_passes || x.best_removed >= 0.9))) {
       x.cause = "rounding";
-      const std::string change = best->class_differs ? "numerical class change" : "algorithm change";
+      const std::string change =
+          best->class_differs ? "numerical class change" : "algorithm change";
       x.sentence = fmt::format(
           "rounding: the {} at `{}` ({} vs {}) accounts for {:.0f}% of the difference in {}; the "
           "sharded error against truth is {} single's{} — a class change, not a TP bug.",

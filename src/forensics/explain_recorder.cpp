@@ -83,7 +83,8 @@ class RecordingBackend final : private OwnedBackend, public BackendWrapper {
       if (forced->algorithm) q.pin = &*forced->algorithm;
       BackendWrapper::run_gemm(q, record);
     }
-    if (recording_) recording_->ops.push_back({"gemm", std::string(p.site), p.c->to_host().clone()});
+    if (recording_)
+      recording_->ops.push_back({"gemm", std::string(p.site), p.c->to_host().clone()});
   }
   Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override {
     return keep("attention_probs", BackendWrapper::attention_softmax_forward(scores, mask));

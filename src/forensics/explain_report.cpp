@@ -42,19 +42,22 @@ nlohmann::json gemm_json(const GemmRecord& r) {
 }
 
 std::string gemm_line(const GemmRecord& r) {
-  std::string s = fmt::format("{} m={} n={} k={}{}: {}", math_class_name(r.math_class), r.m, r.n,
-                              r.k, r.batch > 1 ? fmt::format(" batch={}", r.batch) : "",
-                              r.implementation);
+  std::string s =
+      fmt::format("{} m={} n={} k={}{}: {}", math_class_name(r.math_class), r.m, r.n, r.k,
+                  r.batch > 1 ? fmt::format(" batch={}", r.batch) : "", r.implementation);
   if (r.cublaslt) {
-    s += fmt::format(" [compute {}, algo {}, {}, {}, splitK {}, reduction {}, swizzle {}, custom {}]",
-                     r.cublaslt->compute_type, r.cublaslt->algo_id, r.cublaslt->tile_name,
-                     r.cublaslt->stages_name, r.cublaslt->split_k, r.cublaslt->reduction_scheme_name,
-                     r.cublaslt->cta_swizzling, r.cublaslt->custom_option);
+    s += fmt::format(
+        " [compute {}, algo {}, {}, {}, splitK {}, reduction {}, swizzle {}, custom {}]",
+        r.cublaslt->compute_type, r.cublaslt->algo_id, r.cublaslt->tile_name,
+        r.cublaslt->stages_name, r.cublaslt->split_k, r.cublaslt->reduction_scheme_name,
+        r.cublaslt->cta_swizzling, r.cublaslt->custom_option);
   }
   return s;
 }
 
-std::string sci(double v) { return std::isfinite(v) ? fmt::format("{:.2e}", v) : fmt::format("{}", v); }
+std::string sci(double v) {
+  return std::isfinite(v) ? fmt::format("{:.2e}", v) : fmt::format("{}", v);
+}
 
 }  // namespace
 
@@ -128,7 +131,8 @@ nlohmann::json explanation_to_json(const CaseExplanation& e) {
 
 void print_explanation(std::ostream& out, const CaseExplanation& e) {
   const CaseResult& r = e.result;
-  fmt::print(out, "explain {} (tp {}): {} tensor{} explained, {} intermediates, {} re-run{}, {:.2f} s\n",
+  fmt::print(out,
+             "explain {} (tp {}): {} tensor{} explained, {} intermediates, {} re-run{}, {:.2f} s\n",
              r.spec.id, r.tp, e.tensors.size(), e.tensors.size() == 1 ? "" : "s", e.trail.size(),
              e.reruns, e.reruns == 1 ? "" : "s", e.seconds);
 
@@ -136,17 +140,21 @@ void print_explanation(std::ostream& out, const CaseExplanation& e) {
   for (const TensorExplanation& x : e.tensors) {
     if (x.first_divergence >= 0) firsts.insert(x.first_divergence);
   }
-  fmt::print(out, "\nfirst divergence — every intermediate in execution order; errors are rms against truth;\n"
-                  "'!' marks a sharded error beyond what rounding explains (the truth policy's bound)\n");
+  fmt::print(
+      out,
+      "\nfirst divergence — every intermediate in execution order; errors are rms against truth;\n"
+      "'!' marks a sharded error beyond what rounding explains (the truth policy's bound)\n");
   fmt::print(out, "  {:>4}  {:<52} {:<26} {:>10} {:>10} {:>10} {:>8}\n", "#", "op", "layout",
              "|sh-si|rel", "single", "sharded", "ratio");
   for (const TrailEntry& t : e.trail) {
-    const std::string name = t.occurrence > 0 ? fmt::format("{} #{}", t.name, t.occurrence + 1) : t.name;
+    const std::string name =
+        t.occurrence > 0 ? fmt::format("{} #{}", t.name, t.occurrence + 1) : t.name;
     if (!t.comparable) {
       fmt::print(out, "  {:>4}  {:<52} ({})\n", t.order, name, t.note);
       continue;
     }
-    const std::string ratio = t.has_truth && t.single_err > 0 ? fmt::format("{:.3g}", t.sharded_err / t.single_err) : "-";
+    const std::string ratio =
+        t.has_truth && t.single_err > 0 ? fmt::format("{:.3g}", t.sharded_err / t.single_err) : "-";
     fmt::print(out, "  {:>4}{} {:<52} {:<26} {:>10} {:>10} {:>10} {:>8}{}{}\n", t.order,
                t.diverges ? "!" : " ", name, t.layout, sci(t.norm_rel_diff),
                t.has_truth ? sci(t.single_err) : "-", t.has_truth ? sci(t.sharded_err) : "-", ratio,
@@ -156,26 +164,30 @@ void print_explanation(std::ostream& out, const CaseExplanation& e) {
 
   for (std::size_t k = 0; k < e.tensors.size(); ++k) {
     const TensorExplanation& x = e.tensors[k];
-    fmt::print(out, "\n{} `{}` ({}): |sharded-single|/|single| {}, max |diff| {}; error vs truth (rms): single {}, sharded {}\n",
+    fmt::print(out,
+               "\n{} `{}` ({}): |sharded-single|/|single| {}, max |diff| {}; error vs truth (rms): "
+               "single {}, sharded {}\n",
                x.failing ? "failing" : "worst", x.name, x.kind, sci(x.norm_rel_diff),
                sci(x.max_abs_diff), sci(x.single_err), sci(x.sharded_err));
     if (x.upstream_diffs.empty()) {
-      fmt::print(out, "  GEMM attribution: no GEMM upstream changes numerical class or algorithm\n");
+      fmt::print(out,
+                 "  GEMM attribution: no GEMM upstream changes numerical class or algorithm\n");
     } else {
       fmt::print(out, "  GEMM attribution: upstream sites whose class or algorithm differs\n");
       for (const GemmClassDiff& d : x.upstream_diffs) {
         fmt::print(out, "    {}{}{}\n      single:  {}\n      sharded: {}\n", d.site,
                    d.occurrence > 0 ? fmt::format(" #{}", d.occurrence + 1) : "",
-                   d.class_differs ? " (class differs)" : " (algorithm differs)", gemm_line(d.single),
-                   gemm_line(d.sharded));
+                   d.class_differs ? " (class differs)" : " (algorithm differs)",
+                   gemm_line(d.single), gemm_line(d.sharded));
       }
     }
     bool any = false;
     for (const Counterfactual& c : e.counterfactuals) {
-      if (!any) fmt::print(out, "  counterfactual re-runs (difference remaining, share removed):\n");
+      if (!any)
+        fmt::print(out, "  counterfactual re-runs (difference remaining, share removed):\n");
       any = true;
-      fmt::print(out, "    force {:<7} {:<28} to {:<24} remaining {}  removed {:.1f}%\n", c.forced_run,
-                 c.site, c.forced_to, sci(c.remaining[k]), 100 * c.removed[k]);
+      fmt::print(out, "    force {:<7} {:<28} to {:<24} remaining {}  removed {:.1f}%\n",
+                 c.forced_run, c.site, c.forced_to, sci(c.remaining[k]), 100 * c.removed[k]);
     }
     fmt::print(out, "  => {}\n", x.sentence);
   }

@@ -87,8 +87,9 @@ std::vector<Candidate> candidates(const std::vector<Tensor>& ranks, const Tensor
       std::vector<double> v = ranks[r].to_f64();
       const double d = norm_rel(v, ref);
       if (d > worst.diff || std::isnan(d)) {
-        worst = Candidate{n > 1 ? "replicated (worst: rank " + std::to_string(r) + ")" : "replicated",
-                          std::move(v), d};
+        worst =
+            Candidate{n > 1 ? "replicated (worst: rank " + std::to_string(r) + ")" : "replicated",
+                      std::move(v), d};
       }
     }
     out.push_back(std::move(worst));
@@ -108,10 +109,12 @@ std::vector<Candidate> candidates(const std::vector<Tensor>& ranks, const Tensor
     for (std::int64_t q = 1; q <= std::min<std::int64_t>(s[d], 64); ++q) {
       if (s[d] % q != 0 || (s[d] / q) % n != 0) continue;
       std::vector<std::int64_t> blocks(q, s[d] / q);
-      const Tensor global = assemble_shards(ranks, ShardSpec::along(d, q == 1 ? std::vector<std::int64_t>{} : blocks));
-      out.push_back(Candidate{q == 1 ? "split dim " + std::to_string(d)
-                                     : "split dim " + std::to_string(d) + " (" + std::to_string(q) + " blocks)",
-                              global.to_f64(), 0});
+      const Tensor global = assemble_shards(
+          ranks, ShardSpec::along(d, q == 1 ? std::vector<std::int64_t>{} : blocks));
+      out.push_back(Candidate{
+          q == 1 ? "split dim " + std::to_string(d)
+                 : "split dim " + std::to_string(d) + " (" + std::to_string(q) + " blocks)",
+          global.to_f64(), 0});
     }
   }
   return out;
@@ -129,7 +132,8 @@ void compare(TrailEntry& e, const Tensor& single, const Tensor* truth,
   }
   const std::vector<double> ref = single.to_f64();
   for (Candidate& c : cs) {
-    if (c.layout != "replicated" && c.layout.rfind("replicated", 0) != 0) c.diff = norm_rel(c.values, ref);
+    if (c.layout != "replicated" && c.layout.rfind("replicated", 0) != 0)
+      c.diff = norm_rel(c.values, ref);
   }
   auto best = std::min_element(cs.begin(), cs.end(), [](const Candidate& a, const Candidate& b) {
     if (std::isnan(a.diff)) return false;
@@ -150,9 +154,10 @@ void compare(TrailEntry& e, const Tensor& single, const Tensor* truth,
     e.sharded_err = rms(best->values, &t);
     e.truth_rms = rms(t, nullptr);
     const double u = bound.unit_roundoff.value_or(0);
-    const double allowed = bound.multiplier * std::sqrt(static_cast<double>(bound.tp_size)) * e.single_err +
-                           bound.floor_factor * u *
-                               std::sqrt(static_cast<double>(bound.reduction_length)) * e.truth_rms;
+    const double allowed =
+        bound.multiplier * std::sqrt(static_cast<double>(bound.tp_size)) * e.single_err +
+        bound.floor_factor * u * std::sqrt(static_cast<double>(bound.reduction_length)) *
+            e.truth_rms;
     e.diverges = !(e.sharded_err <= allowed);
   }
 }
@@ -169,7 +174,8 @@ bool is_backward(const TrailEntry& e) {
   const std::size_t slash = e.name.find('/');
   if (slash == std::string::npos) return false;
   const std::size_t end = e.name.find(' ', slash);
-  return e.name.substr(slash + 1, end == std::string::npos ? std::string::npos : end - slash - 1) != "fwd";
+  return e.name.substr(slash + 1, end == std::string::npos ? std::string::npos : end - slash - 1) !=
+         "fwd";
 }
 
 std::vector<TrailEntry> build_trail(const Recording& single, const Recording* truth,
@@ -214,7 +220,8 @@ std::vector<TrailEntry> build_trail(const Recording& single, const Recording* tr
       for (const auto& r : sharded) ranks.push_back(r->ops[i].value);
       const int j = last_match.first;
       const Tensor* t = nullptr;
-      if (auto tt = truth_at.find({single_labels[j].key, single_labels[j].occurrence}); tt != truth_at.end()) {
+      if (auto tt = truth_at.find({single_labels[j].key, single_labels[j].occurrence});
+          tt != truth_at.end()) {
         t = &truth->ops[tt->second].value;
       }
       compare(e, single.ops[j].value, t, ranks, bound);

@@ -21,17 +21,28 @@ std::string escape_html(std::string_view s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
 }
 
-nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+nlohmann::json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
 
 // Points (|single|, |sharded − single|) with both coordinates > 0: the largest
 // differences and an even sample of the rest.
@@ -53,9 +64,10 @@ nlohmann::json scatter_points(const ComparedTensor& t, std::size_t cap, std::int
   } else {
     std::vector<std::size_t> by_diff = idx;
     const std::size_t top = std::min(kLargestKept, cap / 2);
-    std::partial_sort(by_diff.begin(), by_diff.begin() + top, by_diff.end(), [&](std::size_t a, std::size_t b) {
-      return std::abs(sh[a] - s[a]) > std::abs(sh[b] - s[b]);
-    });
+    std::partial_sort(by_diff.begin(), by_diff.begin() + top, by_diff.end(),
+                      [&](std::size_t a, std::size_t b) {
+                        return std::abs(sh[a] - s[a]) > std::abs(sh[b] - s[b]);
+                      });
     keep.assign(by_diff.begin(), by_diff.begin() + top);
     const std::size_t rest = cap - top;
     for (std::size_t j = 0; j < rest; ++j) keep.push_back(idx[j * idx.size() / rest]);
@@ -73,7 +85,10 @@ nlohmann::json error_histograms(const ComparedTensor& t) {
   std::vector<double> ls, lsh;
   std::int64_t zs = 0, zsh = 0;
   auto add = [](double e, std::vector<double>& out, std::int64_t& z) {
-    if (e > 0 && std::isfinite(e)) out.push_back(std::log10(e)); else ++z;
+    if (e > 0 && std::isfinite(e))
+      out.push_back(std::log10(e));
+    else
+      ++z;
   };
   for (std::size_t i = 0; i < tr.size(); ++i) {
     add(std::abs(s[i] - tr[i]), ls, zs);
@@ -81,11 +96,17 @@ nlohmann::json error_histograms(const ComparedTensor& t) {
   }
   double lo = INFINITY, hi = -INFINITY;
   for (const auto* v : {&ls, &lsh}) {
-    for (double x : *v) { lo = std::min(lo, x); hi = std::max(hi, x); }
+    for (double x : *v) {
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
   }
   nlohmann::json j = {{"single_zero", zs}, {"sharded_zero", zsh}};
   if (!(lo <= hi)) return j;
-  if (hi - lo < 1e-9) { lo -= 0.5; hi += 0.5; }
+  if (hi - lo < 1e-9) {
+    lo -= 0.5;
+    hi += 0.5;
+  }
   const double w = (hi - lo) / kHistogramBins;
   std::vector<std::int64_t> cs(kHistogramBins, 0), csh(kHistogramBins, 0);
   auto bin = [&](double x) { return std::min(kHistogramBins - 1, static_cast<int>((x - lo) / w)); };
@@ -99,15 +120,17 @@ nlohmann::json error_histograms(const ComparedTensor& t) {
   return j;
 }
 
-nlohmann::json tensor_plot(const ComparedTensor& t, const TensorResult& r, std::size_t chosen, bool failing) {
+nlohmann::json tensor_plot(const ComparedTensor& t, const TensorResult& r, std::size_t chosen,
+                           bool failing) {
   std::int64_t zeros = 0;
-  nlohmann::json j = {{"name", t.name},
-                      {"kind", t.kind},
-                      {"verdict", std::string(verdict_status_name(r.verdicts[chosen].status))},
-                      {"reason", r.verdicts[chosen].reason},
-                      {"points", scatter_points(t, failing ? kMaxPointsFailing : kMaxPointsPassing, zeros)},
-                      {"numel", t.single.numel()},
-                      {"histograms", error_histograms(t)}};
+  nlohmann::json j = {
+      {"name", t.name},
+      {"kind", t.kind},
+      {"verdict", std::string(verdict_status_name(r.verdicts[chosen].status))},
+      {"reason", r.verdicts[chosen].reason},
+      {"points", scatter_points(t, failing ? kMaxPointsFailing : kMaxPointsPassing, zeros)},
+      {"numel", t.single.numel()},
+      {"histograms", error_histograms(t)}};
   j["points_dropped_zero"] = zeros;
   if (r.comparison.has_tolerance) {
     j["atol"] = r.comparison.tolerance.atol;
@@ -129,7 +152,10 @@ nlohmann::json explanation_plot(const CaseExplanation& e) {
   }
   nlohmann::json sentences = nlohmann::json::array();
   for (const TensorExplanation& x : e.tensors) sentences.push_back(x.name + ": " + x.sentence);
-  return {{"names", names}, {"single", single}, {"sharded", sharded}, {"diverges", diverges},
+  return {{"names", names},
+          {"single", single},
+          {"sharded", sharded},
+          {"diverges", diverges},
           {"sentences", sentences}};
 }
 
@@ -224,28 +250,38 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     for (int t : plotted) {
       c["tensors"].push_back(tensor_plot(runs[i].tensors[t], r.tensors[t], chosen, case_fails));
     }
-    if (i < explanations.size() && explanations[i] != nullptr) c["explanation"] = explanation_plot(*explanations[i]);
+    if (i < explanations.size() && explanations[i] != nullptr)
+      c["explanation"] = explanation_plot(*explanations[i]);
     data["cases"].push_back(std::move(c));
   }
   std::string json = data.dump();
   // "</" inside a script element would end it.
-  for (std::size_t p = json.find("</"); p != std::string::npos; p = json.find("</", p + 2)) json.replace(p, 2, "<\\/");
+  for (std::size_t p = json.find("</"); p != std::string::npos; p = json.find("</", p + 2))
+    json.replace(p, 2, "<\\/");
 
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       // Nothing may be fetched: scripts and styles are inline, images data: only.
       << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
          "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
-      << "<title>tpcheck report: " << escape_html(settings.suite) << ", tp " << settings.tp << "</title>\n"
-      << "<style>body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;font-size:13px}"
-         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}.pass{color:#2a7d2a}.fail{color:#c22;font-weight:bold}"
+      << "<title>tpcheck report: " << escape_html(settings.suite) << ", tp " << settings.tp
+      << "</title>\n"
+      << "<style>body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:"
+         "collapse;font-size:13px}"
+         "td,th{border:1px solid #ccc;padding:3px "
+         "6px;text-align:left}.pass{color:#2a7d2a}.fail{color:#c22;font-weight:bold}"
          ".warning{color:#b80}.row{display:flex;flex-wrap:wrap}.chart{margin:0.5em 1em 0.5em 0}"
-         "h4{margin:0.2em 0;font-size:13px;font-weight:normal}.sentence{background:#f4f4f4;padding:0.5em;margin:0.5em 0}"
+         "h4{margin:0.2em "
+         "0;font-size:13px;font-weight:normal}.sentence{background:#f4f4f4;padding:0.5em;margin:0."
+         "5em 0}"
          "</style>\n</head><body>\n";
   const std::string policy = std::string(policy_name(settings.policies[chosen].kind));
-  out << fmt::format("<h1>tpcheck: suite {}, tp {}</h1>\n<p>backend {} | seed {} | cpu-gemm {} | policy <b>{}</b>{}</p>\n",
-                     escape_html(settings.suite), settings.tp, escape_html(settings.backend), settings.seed,
-                     escape_html(settings.cpu_gemm), policy,
-                     settings.mutation == "none" ? "" : " | mutation <b>" + escape_html(settings.mutation) + "</b>");
+  out << fmt::format(
+      "<h1>tpcheck: suite {}, tp {}</h1>\n<p>backend {} | seed {} | cpu-gemm {} | policy "
+      "<b>{}</b>{}</p>\n",
+      escape_html(settings.suite), settings.tp, escape_html(settings.backend), settings.seed,
+      escape_html(settings.cpu_gemm), policy,
+      settings.mutation == "none" ? ""
+                                  : " | mutation <b>" + escape_html(settings.mutation) + "</b>");
   for (const std::string& n : settings.notes) out << "<p>note: " << escape_html(n) << "</p>\n";
   int failed = 0;
   for (const CaseResult& r : results) failed += r.verdicts[chosen].passed() ? 0 : 1;
@@ -264,8 +300,8 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     const int w = worst_tensor(r, chosen);
     if (w >= 0) {
       const TensorComparison& c = r.tensors[w].comparison;
-      out << fmt::format("<td>{}</td><td>{:.3g}</td><td>{:.3g}</td>", escape_html(r.tensors[w].name),
-                         c.max_abs_diff, c.norm_rel_diff);
+      out << fmt::format("<td>{}</td><td>{:.3g}</td><td>{:.3g}</td>",
+                         escape_html(r.tensors[w].name), c.max_abs_diff, c.norm_rel_diff);
     } else {
       out << "<td>-</td><td></td><td></td>";
     }
@@ -277,14 +313,16 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     if (i >= runs.size()) continue;
     const CaseResult& r = results[i];
     out << "<section id=\"case-" << i << "\"><h2>" << escape_html(r.spec.id) << ": "
-        << verdict_status_name(r.verdicts[chosen].status) << "</h2>\n<p>" << escape_html(r.verdicts[chosen].reason)
-        << "</p>\n";
+        << verdict_status_name(r.verdicts[chosen].status) << "</h2>\n<p>"
+        << escape_html(r.verdicts[chosen].reason) << "</p>\n";
     if (i < explanations.size() && explanations[i] != nullptr) {
       for (const TensorExplanation& x : explanations[i]->tensors) {
-        out << "<p class=\"sentence\"><b>" << escape_html(x.name) << "</b>: " << escape_html(x.sentence) << "</p>\n";
+        out << "<p class=\"sentence\"><b>" << escape_html(x.name)
+            << "</b>: " << escape_html(x.sentence) << "</p>\n";
       }
     } else {
-      out << "<p>The first-divergence chart needs the recorded intermediates: <code>tpcheck explain "
+      out << "<p>The first-divergence chart needs the recorded intermediates: <code>tpcheck "
+             "explain "
           << escape_html(r.spec.id) << " --html FILE</code>.</p>\n";
     }
     out << "</section>\n";

@@ -8,13 +8,14 @@
 //   * a correct case: no tensor is called a bug, no intermediate diverges;
 //   * the trail assembles sharded intermediates (layouts found for every GEMM).
 // Cost: 15 explained cases at TP 2 (one at TP 4), about 0.3 s of CPU each.
+#include "tpcheck/explain.h"
+
 #include <gtest/gtest.h>
 
 #include <regex>
 
 #include "suite/suite_run_support.h"
 #include "tpcheck/error.h"
-#include "tpcheck/explain.h"
 
 namespace tpcheck {
 namespace {
@@ -68,14 +69,19 @@ const MutationCause kCauses[] = {
     {"double-allreduce", "TransformerLayer.sp0.default", "TP bug in `attn\\.proj`"},
     {"shard-off-by-one", "TransformerLayer.sp0.default", "TP bug in `attn\\.qkv`"},
     {"column-bias-not-sharded", "TransformerLayer.sp0.default", "TP bug in `attn\\.qkv`"},
-    {"reversed-gather", "TransformerLayer.sp1.default", "`attn\\.qkv`.*`input → all_gather`, still agrees"},
-    {"norm-grad-not-reduced", "TransformerLayer.sp1.default", "`[a-z_.]*layer_norm_(weight|bias)` gradient.*reduction"},
+    {"reversed-gather", "TransformerLayer.sp1.default",
+     "`attn\\.qkv`.*`input → all_gather`, still agrees"},
+    {"norm-grad-not-reduced", "TransformerLayer.sp1.default",
+     "`[a-z_.]*layer_norm_(weight|bias)` gradient.*reduction"},
     {"attention-scale-local", "TransformerLayer.sp0.default", "TP bug in `attn\\.scores`"},
     {"dgrad-averaged", "TransformerLayer.sp0.default", "TP bug in `mlp\\.fc1`"},
-    {"residual-before-reduce", "TransformerLayer.sp0.default", "from `attn\\.proj/fwd → accumulate` on"},
+    {"residual-before-reduce", "TransformerLayer.sp0.default",
+     "from `attn\\.proj/fwd → accumulate` on"},
     {"no-dgrad-allreduce", "TransformerLayer.sp0.default", "TP bug in `mlp\\.fc1`"},
-    {"row-bias-before-reduce", "TransformerLayer.sp0.parallel_attention_mlp=true", "from `attn\\.proj/fwd → add_bias` on"},
-    {"row-bias-grad-not-reduced", "TransformerLayer.sp1.default", "`[a-z_.]*(proj\\.bias|fc2_bias)` gradient.*reduction"},
+    {"row-bias-before-reduce", "TransformerLayer.sp0.parallel_attention_mlp=true",
+     "from `attn\\.proj/fwd → add_bias` on"},
+    {"row-bias-grad-not-reduced", "TransformerLayer.sp1.default",
+     "`[a-z_.]*(proj\\.bias|fc2_bias)` gradient.*reduction"},
 };
 
 TEST(Explain, EveryMutationIsNamed) {
@@ -88,7 +94,8 @@ TEST(Explain, EveryMutationIsNamed) {
     EXPECT_EQ(e.tensors[0].cause, "bug") << all_sentences(e);
     EXPECT_NE(e.tensors[0].sentence.find("not explained by GEMM numerics"), std::string::npos);
     EXPECT_TRUE(std::regex_search(e.tensors[0].sentence, std::regex(mc.cause)))
-        << "expected /" << mc.cause << "/ in:\n" << all_sentences(e);
+        << "expected /" << mc.cause << "/ in:\n"
+        << all_sentences(e);
     EXPECT_EQ(e.reruns, 0) << "no GEMM class differs on the CPU in fp32: nothing to force";
   }
 }
@@ -99,13 +106,15 @@ TEST(Explain, EveryMutationIsNamed) {
 TEST(Explain, CpuGemmAutoFalseAlarmIsAClassChange) {
   GemmClassRule rule;
   rule.mode = GemmClassRule::Mode::kAuto;
-  const CaseExplanation e = explain("LayerNormMLP.sp0.default", 4, Mutation::kNone, rule, "te", 1e-5);
+  const CaseExplanation e =
+      explain("LayerNormMLP.sp0.default", 4, Mutation::kNone, rule, "te", 1e-5);
   ASSERT_FALSE(e.tensors.empty());
   const TensorExplanation& x = e.tensors[0];
   EXPECT_TRUE(x.failing) << "te should fail here (the false alarm)";
   EXPECT_EQ(x.cause, "rounding") << x.sentence;
-  EXPECT_TRUE(std::regex_search(x.sentence,
-                                std::regex("^rounding: the numerical class change at `mlp\\.fc2/fwd` \\(tf32 vs fp32\\)")))
+  EXPECT_TRUE(std::regex_search(
+      x.sentence,
+      std::regex("^rounding: the numerical class change at `mlp\\.fc2/fwd` \\(tf32 vs fp32\\)")))
       << x.sentence;
   EXPECT_NE(x.sentence.find("not a TP bug"), std::string::npos) << x.sentence;
   EXPECT_EQ(x.best_site, "mlp.fc2/fwd");
