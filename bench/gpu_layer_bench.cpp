@@ -26,6 +26,7 @@
 #include "tpcheck/device.h"
 #include "tpcheck/layers/any_layer.h"
 #include "tpcheck/rng.h"
+#include "timed_backend.h"
 
 namespace tpcheck {
 namespace {
@@ -118,6 +119,39 @@ int run(int argc, char** argv) {
         static_cast<long long>(hidden), static_cast<long long>(ffn), static_cast<long long>(heads),
         static_cast<long long>(seq), static_cast<long long>(batch), s * 1e3, flops / 1e12,
         flops / s / 1e12, 100.0 * flops / s / gemm_rate);
+  }
+  {  // where the layer's time goes: one more iteration with the device synchronized after
+     // every op (bench::TimedBackend), so each op kind's kernels are timed by themselves
+    auto timed = std::make_unique<bench::TimedBackend>(make_cuda_backend(), /*sync_each_op=*/true);
+    bench::TimedBackend& tb = *timed;
+    std::unique_ptr<Communicator> comm = make_single_communicator();
+    ModuleContext ctx{&tb, comm.get(), 1234};
+    nlohmann::json options = {{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
+                              {"num_attention_heads", heads}, {"params_dtype", "bf16"},
+                              {"layernorm_epsilon", 1e-5}};
+    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", options}, ctx);
+    const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16,
+                              {}, 0, 1, Device::kCuda);
+    const Tensor dy = generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden},
+                               DType::kBF16, {}, 0, 1, Device::kCuda);
+    double total = 0;
+    for (int i = 0; i < 2; ++i) {  // the first is a warm-up
+      tb.reset();
+      tb.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      layer->forward(x);
+      layer->backward(OutputGrads{dy, Tensor(), Tensor()});
+      tb.synchronize();
+      total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    double ops = 0;
+    std::printf("layer time split (ms, device synchronized after every op; %.2f ms in all):", total * 1e3);
+    for (int k = 0; k < static_cast<int>(bench::OpKind::kCount); ++k) {
+      const double sec = tb.seconds(static_cast<bench::OpKind>(k));
+      ops += sec;
+      std::printf(" %s %.2f", std::string(bench::kOpKindNames[k]).c_str(), sec * 1e3);
+    }
+    std::printf(", other %.2f\n", (total - ops) * 1e3);
   }
   return 0;
 }

@@ -28,6 +28,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import random
 import platform
 import subprocess
 import sys
@@ -104,11 +105,15 @@ def truth_failure_detail(case):
     return case["id"]
 
 
-def run_point(tpcheck, point, extra):
+def run_point(tpcheck, point, extra, deadline=None):
+    if deadline is not None and time.monotonic() > deadline:
+        return {"point": point, "skipped": True}
     seed, tp, gemm, size, mutation = point
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "run.json")
-        cmd = [tpcheck, "run", "--tp", str(tp), "--seed", str(seed), "--cpu-gemm", gemm,
+        # --backend cpu: the grid calibrates the CPU's math classes, also on a machine
+        # with a GPU (where `run` would otherwise choose the GPU).
+        cmd = [tpcheck, "run", "--backend", "cpu", "--tp", str(tp), "--seed", str(seed), "--cpu-gemm", gemm,
                "--mutate", mutation, "--quiet", "--json", path] + SIZE_SETS[size] + extra
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -147,6 +152,11 @@ def parse_args():
     ap.add_argument("--mutation-seeds", type=int, default=None,
                     help="seeds per cell for the mutation runs (default: as --seeds)")
     ap.add_argument("--filter", default=None, help="passed to tpcheck run (case id regex)")
+    ap.add_argument("--results", default=None,
+                    help="JSON-lines file: each finished run is appended; runs already there "
+                         "are not run again (resume, or merge runs made on several machines)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds: start no new run after this long (the table covers what ran)")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless truth has 0 false alarms and catches every mutation run")
     return ap.parse_args()
@@ -276,15 +286,36 @@ def main():
         if m not in descriptions:
             sys.exit(f"calibrate: unknown mutation '{m}'; expected one of {', '.join(descriptions)}")
     grid = build_grid(args, mutations)
+    # A fixed shuffle, so a run stopped by --deadline still covers every cell of the grid.
+    random.Random(0).shuffle(grid)
     extra = ["--filter", args.filter] if args.filter else []
     start = time.monotonic()
-    results = []
+    deadline = start + args.deadline if args.deadline else None
+    results, done = [], set()
+    if args.results and os.path.exists(args.results):
+        with open(args.results) as f:
+            for line in f:
+                r = json.loads(line)
+                r["point"] = tuple(r["point"])
+                if "error" not in r and r["point"] in set(grid) and r["point"] not in done:
+                    results.append(r)
+                    done.add(r["point"])
+    todo = [p for p in grid if p not in done]
+    sink = open(args.results, "a") if args.results else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_point, args.tpcheck, p, extra) for p in grid]
+        futures = [pool.submit(run_point, args.tpcheck, p, extra, deadline) for p in todo]
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-            results.append(fut.result())
+            r = fut.result()
+            if r.get("skipped"):
+                continue
+            results.append(r)
+            if sink:
+                sink.write(json.dumps(r) + "\n")
+                sink.flush()
             if sys.stderr.isatty():
-                print(f"\rcalibrate: {i}/{len(grid)} runs", end="", file=sys.stderr)
+                print(f"\rcalibrate: {i}/{len(todo)} runs", end="", file=sys.stderr)
+    if sink:
+        sink.close()
     if sys.stderr.isatty():
         print(file=sys.stderr)
     wall = time.monotonic() - start

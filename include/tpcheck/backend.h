@@ -363,6 +363,14 @@ namespace cpu {
 struct RoundingProbeState;
 }
 
+// The same probe as a decorator, for backends whose kernels cannot see the thread's
+// ScopedRoundingProbe (the CUDA backend): `target`'s ops run unchanged, then every f64
+// tensor an op wrote (GEMM outputs and gelu aux, norm outputs and statistics, activation,
+// bias, attention, elementwise results) is multiplied by (1 + u·r) where it lives, r from
+// a fixed stream keyed by `seed`. Copies are not perturbed. REQUIRES: 0 < u < 1.
+std::unique_ptr<Backend> make_rounding_probe_backend(std::unique_ptr<Backend> target, double u,
+                                                     std::uint64_t seed);
+
 // A rounding probe (Monte-Carlo arithmetic) for the truth policy's cancellation floor
 // (docs/POLICIES.md): while one lives on this thread, the CPU backend multiplies every
 // f64 value an op stores by (1 + u·r), r uniform in [-1, 1) from a fixed stream keyed by

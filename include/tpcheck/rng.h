@@ -43,9 +43,12 @@ double fill_value(const FillSpec& fill, std::uint64_t seed, std::string_view nam
                   std::uint64_t global_index);
 
 // Rank `rank`'s shard of the global tensor `name` filled by `fill`, rounded to `dtype`.
-// With world == 1 (or a replicated spec) this is the whole tensor.
+// With world == 1 (or a replicated spec) this is the whole tensor. On a device other than
+// the CPU the values are computed there by the device runtime with the same formulas
+// (src/core/random_math.h; f64 values may differ from the host's in the last bit, as
+// the device's log and cos are not the C library's).
 Tensor generate(const FillSpec& fill, std::uint64_t seed, std::string_view name,
                 const Shape& global_shape, DType dtype, const ShardSpec& spec = {}, int rank = 0,
-                int world = 1);
+                int world = 1, Device device = Device::kCpu);
 
 }  // namespace tpcheck

@@ -1,6 +1,7 @@
 // The `tpcheck` program: run a suite (single, sharded, truth), explain one case, list its
 // cases, list the mutations. Exit codes: 0 every case passes the chosen policy, 1 some case failed,
 // 2 usage or input error (nothing run), 3 runtime or device error.
+#include <cstdio>
 #include <CLI/CLI.hpp>
 #include <fmt/ostream.h>
 
@@ -119,6 +120,9 @@ int main_impl(int argc, char** argv) {
 }  // namespace tpcheck
 
 int main(int argc, char** argv) {
+  // One line per case as it finishes, also into a pipe or a file: a run cut short (a
+  // time limit, a killed job) still shows how far it got.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     return tpcheck::main_impl(argc, argv);
   } catch (const tpcheck::Error& e) {

@@ -15,11 +15,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "tpcheck/dtype.h"
 #include "tpcheck/tensor.h"
 
 namespace tpcheck {
+
+// Where each element of a generated shard sits in the global tensor: local element
+// (outer, row, col), with `row` along the sharded dimension and `inner` elements after
+// it, is global element (outer · global_rows + row_map[row]) · inner + col. An empty
+// row_map is the identity (a replicated or unsharded tensor).
+struct GlobalIndexMap {
+  std::int64_t inner = 1;
+  std::int64_t global_rows = 1;
+  std::vector<std::int64_t> row_map;
+};
 
 class DeviceRuntime {
  public:
@@ -36,6 +47,14 @@ class DeviceRuntime {
   virtual void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n,
                     CastMode mode) = 0;
   virtual void fill_zero(void* dst, std::size_t bytes) = 0;
+  // dst[i] = random_math::fill_value(fill_kind, a, b, seed, name_hash, global(i)) rounded
+  // once to `dtype`, global(i) from `map` (rng.h's generate on the device).
+  virtual void generate(void* dst, DType dtype, std::int64_t n, int fill_kind, double a, double b,
+                        std::uint64_t seed, std::uint64_t name_hash, const GlobalIndexMap& map) = 0;
+  // values[i] *= random_math::probe_factor(u, seed, first_counter + i): the rounding
+  // probe (tpcheck/backend.h) applied to a stored f64 tensor.
+  virtual void perturb_f64(double* values, std::int64_t n, double u, std::uint64_t seed,
+                           std::uint64_t first_counter) = 0;
   // Waits for the calling thread's stream.
   virtual void synchronize() = 0;
 };

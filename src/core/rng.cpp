@@ -36,68 +36,39 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/device_runtime.h"
+#include "core/random_math.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
 
 namespace {
 
-constexpr std::uint32_t kPhiloxM0 = 0xD2511F53u;
-constexpr std::uint32_t kPhiloxM1 = 0xCD9E8D57u;
-constexpr std::uint32_t kPhiloxW0 = 0x9E3779B9u;  // golden ratio
-constexpr std::uint32_t kPhiloxW1 = 0xBB67AE85u;  // sqrt(3) - 1
-constexpr int kPhiloxRounds = 10;
+namespace rm = random_math;
 
-inline void mulhilo32(std::uint32_t a, std::uint32_t b, std::uint32_t* hi, std::uint32_t* lo) {
-  std::uint64_t product = static_cast<std::uint64_t>(a) * b;
-  *hi = static_cast<std::uint32_t>(product >> 32);
-  *lo = static_cast<std::uint32_t>(product);
-}
-
-// `name_hash` is fnv1a64(name), computed once per tensor by the callers that loop.
-std::array<std::uint32_t, 4> philox_block_hashed(std::uint64_t seed, std::uint64_t h,
-                                                 std::uint64_t index) {
-  return philox4x32_10({static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
-                        static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(h >> 32)},
-                       {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
-}
+std::array<std::uint32_t, 4> to_array(const rm::Words& b) { return {b.w[0], b.w[1], b.w[2], b.w[3]}; }
 
 std::array<std::uint32_t, 4> philox_block(std::uint64_t seed, std::string_view name,
                                           std::uint64_t index) {
-  return philox_block_hashed(seed, fnv1a64(name), index);
+  return to_array(rm::philox_block(seed, fnv1a64(name), index));
 }
 
-// (k + 1/2) · 2^-53 for the top 53 bits k of (hi << 32 | lo); see the file comment.
-double to_open01(std::uint32_t hi, std::uint32_t lo) {
-  std::uint64_t k = ((static_cast<std::uint64_t>(hi) << 32) | lo) >> 11;
-  constexpr std::uint64_t kExactBelow = std::uint64_t{1} << 52;
-  if (k < kExactBelow) return (static_cast<double>(k) + 0.5) * 0x1p-53;
-  return static_cast<double>(k) * 0x1p-53;  // k ≥ 2^52 > 0, and k ≤ 2^53 - 1 < 2^53
-}
-
-// Box–Muller on one block: two uniforms in (0, 1), one standard normal.
-double normal_from_block(const std::array<std::uint32_t, 4>& w) {
-  double u1 = to_open01(w[0], w[1]);
-  double u2 = to_open01(w[2], w[3]);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+rm::FillKind fill_kind(const FillSpec& fill) {
+  switch (fill.kind) {
+    case FillSpec::Kind::kNormal: return rm::FillKind::kNormal;
+    case FillSpec::Kind::kUniform: return rm::FillKind::kUniform;
+    case FillSpec::Kind::kConstant: return rm::FillKind::kConstant;
+  }
+  TPCHECK_CHECK(false, "unknown FillSpec kind {}", static_cast<int>(fill.kind));
+  return rm::FillKind::kConstant;
 }
 
 }  // namespace
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,
                                            std::array<std::uint32_t, 2> key) {
-  std::array<std::uint32_t, 4> x = counter;
-  for (int round = 0; round < kPhiloxRounds; ++round) {
-    if (round > 0) {
-      key[0] += kPhiloxW0;
-      key[1] += kPhiloxW1;
-    }
-    std::uint32_t hi0, lo0, hi1, lo1;
-    mulhilo32(kPhiloxM0, x[0], &hi0, &lo0);
-    mulhilo32(kPhiloxM1, x[2], &hi1, &lo1);
-    x = {hi1 ^ x[1] ^ key[0], lo1, hi0 ^ x[3] ^ key[1], lo0};
-  }
-  return x;
+  return to_array(rm::philox4x32_10(rm::Words{{counter[0], counter[1], counter[2], counter[3]}},
+                                    key[0], key[1]));
 }
 
 std::uint64_t fnv1a64(std::string_view text) {
@@ -111,45 +82,44 @@ std::uint64_t fnv1a64(std::string_view text) {
 
 double rng_uniform01(std::uint64_t seed, std::string_view name, std::uint64_t index) {
   std::array<std::uint32_t, 4> w = philox_block(seed, name, index);
-  return to_open01(w[0], w[1]);
+  return rm::to_open01(w[0], w[1]);
 }
 
 double rng_normal(std::uint64_t seed, std::string_view name, std::uint64_t index) {
-  return normal_from_block(philox_block(seed, name, index));
+  return rm::normal_from_block(rm::philox_block(seed, fnv1a64(name), index));
 }
-
-namespace {
-
-double fill_value_hashed(const FillSpec& fill, std::uint64_t seed, std::uint64_t name_hash,
-                         std::uint64_t global_index) {
-  switch (fill.kind) {
-    case FillSpec::Kind::kNormal:
-      return fill.a + fill.b * normal_from_block(philox_block_hashed(seed, name_hash, global_index));
-    case FillSpec::Kind::kUniform: {
-      std::array<std::uint32_t, 4> w = philox_block_hashed(seed, name_hash, global_index);
-      return fill.a + (fill.b - fill.a) * to_open01(w[0], w[1]);
-    }
-    case FillSpec::Kind::kConstant:
-      return fill.a;
-  }
-  TPCHECK_CHECK(false, "unknown FillSpec kind {}", static_cast<int>(fill.kind));
-  return 0.0;
-}
-
-}  // namespace
 
 double fill_value(const FillSpec& fill, std::uint64_t seed, std::string_view name,
                   std::uint64_t global_index) {
-  return fill_value_hashed(fill, seed, fnv1a64(name), global_index);
+  return rm::fill_value(fill_kind(fill), fill.a, fill.b, seed, fnv1a64(name), global_index);
 }
 
 Tensor generate(const FillSpec& fill, std::uint64_t seed, std::string_view name,
                 const Shape& global_shape, DType dtype, const ShardSpec& spec, int rank,
-                int world) {
+                int world, Device device) {
   check_shardable(global_shape, spec, world, name);
   TPCHECK_CHECK(rank >= 0 && rank < world, "generate({}): rank {} outside world {}", name, rank,
                 world);
-  Tensor out(local_shape(global_shape, spec, world), dtype);
+  const Shape shape = local_shape(global_shape, spec, world);
+  const std::uint64_t name_hash = fnv1a64(name);  // once per tensor, not per element
+  const rm::FillKind kind = fill_kind(fill);
+  if (device != Device::kCpu) {
+    // On the device: the kernel maps each local element to its global index through the
+    // sharded dimension's row map (local row → global row), computed here once per row.
+    GlobalIndexMap map;
+    if (!spec.is_replicated()) {
+      for (std::size_t i = spec.dim + 1; i < global_shape.size(); ++i) map.inner *= global_shape[i];
+      map.global_rows = global_shape[spec.dim];
+      map.row_map.resize(shape[spec.dim]);
+      for (std::int64_t r = 0; r < shape[spec.dim]; ++r)
+        map.row_map[r] = global_flat_index(global_shape, spec, rank, world, r * map.inner) / map.inner;
+    }
+    Tensor out(shape, dtype, device);
+    device_runtime(device).generate(out.raw(), dtype, out.numel(), static_cast<int>(kind),
+                                    fill.a, fill.b, seed, name_hash, map);
+    return out;
+  }
+  Tensor out(shape, dtype);
   // Elements after the sharded dimension are contiguous in both the shard and the global
   // tensor, so one global_flat_index call per run of `inner` elements is enough.
   std::int64_t inner = 1;
@@ -158,12 +128,11 @@ Tensor generate(const FillSpec& fill, std::uint64_t seed, std::string_view name,
   } else {
     inner = std::max<std::int64_t>(out.numel(), 1);
   }
-  const std::uint64_t name_hash = fnv1a64(name);  // once per tensor, not per element
   for (std::int64_t run = 0; run < out.numel(); run += inner) {
     std::int64_t g = global_flat_index(global_shape, spec, rank, world, run);
     for (std::int64_t c = 0; c < inner; ++c) {
-      out.set(run + c,
-              fill_value_hashed(fill, seed, name_hash, static_cast<std::uint64_t>(g + c)));
+      out.set(run + c, rm::fill_value(kind, fill.a, fill.b, seed, name_hash,
+                                      static_cast<std::uint64_t>(g + c)));
     }
   }
   return out;

@@ -19,9 +19,15 @@ Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, S
   const int world = ctx.tp_size();
   check_shardable(global_shape, shard, world, name);
   Parameter p;
-  // Generated on the host from global indices, then moved to where the backend computes.
-  p.value = generate(fill, ctx.seed, name, global_shape, dtype, shard, source_rank, world)
-                .to_device(ctx.backend->device());
+  if (ctx.shapes_only) {  // check_case: no values (see ModuleContext)
+    p.name = std::move(name);
+    p.global_shape = std::move(global_shape);
+    p.shard = std::move(shard);
+    return p;
+  }
+  // Generated from global indices where the backend computes (rng.h).
+  p.value = generate(fill, ctx.seed, name, global_shape, dtype, shard, source_rank, world,
+                     ctx.backend->device());
   p.grad = Tensor::zeros_like(p.value);
   if (fuse_wgrad_accumulation) {
     // f32 as in TransformerEngine; f64 in the truth run, whose point is to lose nothing.

@@ -111,11 +111,10 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   ModuleContext ctx{backend.get(), &comm, seed, mutation};
   std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{c.module, options}, ctx);
 
-  // Inputs and loss targets are generated on the host from global indices and moved to
-  // the backend's device; outputs come back to the host for the loss and the comparison.
+  // Inputs are generated on the backend's device from global indices; outputs come back
+  // to the host for the loss and the comparison.
   Tensor input = generate(FillSpec::normal(0, 1), seed, "input", c.input_shape, dtype,
-                          layer->input_layout(), comm.rank(), comm.size())
-                     .to_device(device);
+                          layer->input_layout(), comm.rank(), comm.size(), device);
   LayerOutputs local = layer->forward(input);
   const OutputLayout layout = layer->output_layout();
 
@@ -219,15 +218,17 @@ Execution cpu_execution() {
 }
 
 void check_case(const SuiteCase& c, const RunConfig& config) {
-  // Construction only: the CPU backend is enough to build every layer (no GPU work).
+  // Construction only, shapes only: the CPU backend is enough to build every layer (no
+  // GPU work) and no parameter is generated (production sizes would take seconds each).
   std::unique_ptr<Backend> backend = make_cpu_backend();
   nlohmann::json unsharded = c.options;
   unsharded["sequence_parallel"] = false;
   std::unique_ptr<Communicator> single = make_single_communicator();
-  make_layer(LayerSpec{c.module, unsharded}, ModuleContext{backend.get(), single.get(), config.seed});
+  make_layer(LayerSpec{c.module, unsharded},
+             ModuleContext{backend.get(), single.get(), config.seed, Mutation::kNone, true});
   ConstructionOnlyCommunicator group(config.tp);
   make_layer(LayerSpec{c.module, c.options},
-             ModuleContext{backend.get(), &group, config.seed, config.mutation});
+             ModuleContext{backend.get(), &group, config.seed, config.mutation, true});
 }
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
@@ -257,12 +258,22 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   // policy's cancellation floor. kProbeU is small enough for first order and far above
   // f64 rounding (2⁻⁵²).
   constexpr double kProbeU = 0x1.0p-30;
-  // The probe perturbs the CPU backend's stores, so this run is on the CPU whatever the
-  // case's backend (f64 either way).
-  if (!config.skip_truth) {
+  // On the CPU the backend perturbs its own f64 stores (ScopedRoundingProbe); other
+  // backends' kernels cannot see that, so there the probe decorates the backend
+  // (make_rounding_probe_backend) and the probed run stays on the case's device.
+  // skip_truth: neither (truth and probed hold empty gradients, above).
+  if (config.skip_truth) {
+  } else if (ex.backend == "cpu") {
     ScopedRoundingProbe probe(kProbeU, config.seed);
     probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed,
                            cpu_execution(), nullptr);
+  } else {
+    Execution probe_ex = ex;
+    probe_ex.make_backend = [&ex, seed = config.seed](int rank) {
+      return make_rounding_probe_backend(ex.make_backend(rank), kProbeU, seed);
+    };
+    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, probe_ex,
+                           nullptr);
   }
   auto noise_of = [kProbeU](const Tensor& p, const Tensor& t) {
     if (!t.defined()) return Tensor();

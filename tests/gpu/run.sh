@@ -5,7 +5,10 @@
 #
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
-# Stages (default: all): info tests suite mutations bench. NCCL_NVLS_ENABLE=0 always.
+# Stages (default: all): info tests suite badinput mutations bench; also, not in the
+# default set: production (the te suite at production shapes, TP 8 emulated) and pytorch
+# (the te suite against its PyTorch twin).
+# NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -17,7 +20,7 @@ if [ -f "$root/.devrun/devrun.tgz" ] && [ ! -x "$root/.devrun/tpcheck" ]; then
 fi
 export LD_LIBRARY_PATH="$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin="$root/.devrun/tpcheck"
-stages="${*:-info tests suite mutations bench}"
+stages="${*:-info tests suite badinput mutations bench}"
 # TPCHECK_GPU_FILTER: a --filter regex for the suite and mutation stages (default: all).
 filter=(); [ -n "${TPCHECK_GPU_FILTER:-}" ] && filter=(--filter "$TPCHECK_GPU_FILTER")
 table="$out/table.md"
@@ -62,8 +65,48 @@ if has suite; then
     timed "te suite, cuda, tp $tp emulated" "te_cuda_tp$tp.log" \
       "$bin" run --backend cuda --tp "$tp" --quiet "${filter[@]}" --json "$out/te_cuda_tp$tp.json"
   done
-  timed "te suite, cuda, tp 4, seq 32 x batch 32" "te_cuda_tp4_1024.log" \
-    "$bin" run --backend cuda --tp 4 --seq 32 --batch 32 --quiet "${filter[@]}" --json "$out/te_cuda_tp4_1024.json"
+  for tp in 2 4 8; do
+    timed "te suite, cuda, tp $tp, seq 32 x batch 32" "te_cuda_tp${tp}_1024.log" \
+      "$bin" run --backend cuda --tp "$tp" --seq 32 --batch 32 --quiet "${filter[@]}" \
+      --json "$out/te_cuda_tp${tp}_1024.json"
+  done
+fi
+
+# expect NAME LOG "RC..." REGEX CMD...: CMD must exit with one of RC (space separated)
+# within 120 s and print a line matching REGEX; the row says whether it did.
+expect() {
+  local name="$1" log="$2" rcs="$3" regex="$4"
+  shift 4
+  timeout 120 "$@" >"$out/$log" 2>&1
+  local rc=$?
+  local verdict="FAIL"
+  [[ " $rcs " == *" $rc "* ]] && grep -Eq "$regex" "$out/$log" && verdict="ok"
+  row "$name" "$verdict: rc=$rc $(grep -E "$regex" "$out/$log" | head -1 | cut -c1-160 | tr '|' '/')" ""
+}
+
+if has badinput; then
+  expect "--backend cuda, no GPU visible" nogpu.log "2 3" "GPU|CUDA" \
+    env CUDA_VISIBLE_DEVICES= "$bin" run --backend cuda --tp 2 --filter '^Linear'
+  # A column-parallel Linear at hidden 200000: its f32 weight alone is 160 GB.
+  expect "out of device memory" oom.log "2 3" "out of device memory" \
+    "$bin" run --backend cuda --tp 1 --filter '^Linear.column.sp0.default$' --hidden 200000
+  expect "--gemm-impl fma on f16" impl_fma_f16.log "0 1 2 3" "passed|no cuBLASLt algorithm|algorithm" \
+    "$bin" run --backend cuda --tp 2 --gemm-impl fma --filter 'f16|bf16'
+  expect "--comm nccl --tp 2 on one GPU" nccl_two_on_one.log "2 3" "GPU" \
+    "$bin" run --backend cuda --comm nccl --tp 2 --filter '^Linear'
+fi
+
+if has production; then
+  # The production shapes: hidden 4096, ffn 16384, heads 32, sequence 2048 (256 per rank
+  # at TP 8: the suite's --seq is per rank), TP 8 emulated, truth on. Batch 8, not 2: the
+  # te matrix's Linear cases take [batch, hidden] inputs and split the batch over the
+  # ranks under sequence parallel, so it must be a multiple of 8.
+  # Every case's line is printed (no --quiet) so a run cut by the time limit still shows
+  # how far it got and what each case cost.
+  timed "te suite, cuda, tp 8, production shapes" "te_cuda_tp8_production.log" \
+    timeout "${TPCHECK_PRODUCTION_LIMIT:-540}" "$bin" run --backend cuda --tp 8 --hidden 4096 \
+    --ffn 16384 --heads 32 --seq 256 --batch 8 "${filter[@]}" \
+    --json "$out/te_cuda_tp8_production.json"
 fi
 
 if has mutations; then
@@ -81,6 +124,24 @@ if has bench; then
   done
 fi
 
+# Not in the default stages: the te suite against its PyTorch twin (bench/suite_vs_pytorch.sh,
+# TP 4 emulated on one GPU, 3 runs each; python3 must hold torch). Its table is in the log.
+if has pytorch; then
+  timed "suite vs PyTorch, TP 4 emulated" suite_vs_pytorch.log \
+    env TPCHECK="$bin" OUT="$out/suite_vs_pytorch" bash "$root/bench/suite_vs_pytorch.sh" --runs 3
+fi
+
+# The GEMM algorithm / class differences of every suite run, in one file.
+ls "$out"/te_cuda_tp*.json >/dev/null 2>&1 &&
+  python3 "$root/scripts/gemm_class_table.py" "$out"/te_cuda_tp*.json >"$out/class_tables.md" 2>&1
+# The device returns few files: the logs and reports travel as one archive.
+(
+  cd "$out" || exit
+  tar -czf logs.tgz --exclude=logs.tgz --exclude=table.md --exclude=class_tables.md \
+    --exclude='*.tgz' --exclude=failures.txt --exclude=./calibration . 2>/dev/null
+  find . -maxdepth 1 -type f ! -name '*.tgz' ! -name table.md ! -name class_tables.md \
+    ! -name failures.txt -delete
+)
 cat "$out/failures.txt" 2>/dev/null | grep -v PASSED | head -30
 echo
 cat "$table"

@@ -38,6 +38,11 @@ struct ModuleContext {
   Communicator* comm = nullptr;  // the TP group; size 1 for single and truth runs
   std::uint64_t seed = 0;        // parameters are generated from (seed, full name, global index)
   Mutation mutation = Mutation::kNone;
+  // Build the layer's structure only (option checks, parameter names, shapes and shards)
+  // without generating or allocating parameter values: how the suite validates every
+  // case before running any, which must stay cheap at production sizes. A layer built so
+  // must not run.
+  bool shapes_only = false;
 
   int tp_size() const { return comm->size(); }
   int rank() const { return comm->rank(); }

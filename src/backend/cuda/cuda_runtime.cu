@@ -188,6 +188,14 @@ class CudaRuntime final : public DeviceRuntime {
     if (bytes == 0) return;
     TPCHECK_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, t_stream));
   }
+  void generate(void* dst, DType dtype, std::int64_t n, int fill_kind, double a, double b,
+                std::uint64_t seed, std::uint64_t name_hash, const GlobalIndexMap& map) override {
+    launch_generate(dst, dtype, n, fill_kind, a, b, seed, name_hash, map);
+  }
+  void perturb_f64(double* values, std::int64_t n, double u, std::uint64_t seed,
+                   std::uint64_t first_counter) override {
+    launch_perturb_f64(values, n, u, seed, first_counter);
+  }
   void synchronize() override { TPCHECK_CUDA_CHECK(cudaStreamSynchronize(t_stream)); }
 
   std::size_t reserved() { return allocator_.reserved(); }

@@ -34,6 +34,13 @@ DeviceRuntime& install_cuda_runtime();
 // Bytes currently held by the caching allocator (in use + cached), for reports.
 std::size_t allocator_bytes_reserved();
 
+// Kernels behind DeviceRuntime::generate and ::perturb_f64 (random.cu), on the calling
+// thread's stream.
+void launch_generate(void* dst, DType dtype, std::int64_t n, int fill_kind, double a, double b,
+                     std::uint64_t seed, std::uint64_t name_hash, const GlobalIndexMap& map);
+void launch_perturb_f64(double* values, std::int64_t n, double u, std::uint64_t seed,
+                        std::uint64_t first_counter);
+
 // Launch geometry for a 1-D grid-stride loop over n elements.
 inline unsigned grid_for(long long n, unsigned block = 256) {
   long long g = (n + block - 1) / block;
