@@ -127,6 +127,12 @@ struct GemmProblem {
   MathClass math_class = MathClass::kFp32;  // asked for by the class rule
   std::int64_t batch = 1;  // gemm_batched: independent products, strided in dim 0
   double alpha = 1.0;      // D = alpha · P (+ epilogue); gemm() uses 1
+  // Set only by a forcing decorator (tpcheck explain's counterfactual re-runs): the CUDA
+  // engine runs this cuBLASLt algorithm (compute type, implementation, id, tile, stages,
+  // split-K, ...) when cublasLtMatmulAlgoCheck accepts it for this problem, else the
+  // heuristic's first algorithm under the pinned compute type and implementation mask.
+  // The CPU engine ignores it (math_class is all it has).
+  const CublasLtAlgoRecord* pin = nullptr;
   // Column-major: D[M, N] = op(X)[M, K] · op(Y)[K, N], leading dimensions in elements;
   // batch strides in elements (0 when batch == 1).
   struct ColumnMajor {

@@ -89,6 +89,10 @@ struct Execution {
   // all_gather each), so every process holds them all. The other ranks' GEMM and
   // communication ledgers stay in their processes.
   bool one_process_per_rank = false;
+  // Optional: wraps each run's communicator (the sharded ranks' and the unsharded runs'
+  // group of one) before the rank makes its backend, on the rank's thread — a decorator
+  // that records collectives (tpcheck explain). Unset: the communicator as it is.
+  std::function<std::unique_ptr<Communicator>(Communicator&)> wrap_communicator;
 };
 // The CPU backend with thread ranks (what CI runs).
 Execution cpu_execution();
@@ -99,6 +103,10 @@ struct RunConfig {
   Mutation mutation = Mutation::kNone;
   GemmClassRule gemm_rule;  // single and sharded runs; truth always computes in fp64
   Execution execution = cpu_execution();
+  // Only the single and sharded runs (no truth run, no rounding probe: ComparedTensor's
+  // truth and rounding_noise stay undefined). For re-runs that compare sharded with
+  // single only (explain's counterfactuals); judge_case needs the truth run.
+  bool skip_truth = false;
 };
 
 // One compared tensor, global shape, in each run.

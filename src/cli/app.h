@@ -13,26 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/execution.h"
+#include "cli/run_options.h"  // RunArgs
 #include "tpcheck/report.h"
 #include "tpcheck/suite.h"
 
 namespace tpcheck {
-
-// `tpcheck run`'s options, with the command line's defaults.
-struct RunArgs {
-  ExecutionArgs execution;
-  int tp = 4;
-  std::string suite = "full";
-  std::string filter;
-  std::string policy = "truth";
-  std::uint64_t seed = 1234;
-  std::string mutate = "none";
-  std::string cpu_gemm = "fp32";
-  std::string json_path;  // also write the report here when not empty
-  std::optional<double> rtol, atol;
-  SuiteSizes sizes;
-  bool quiet = false;
-};
 
 struct RunOutcome {
   nlohmann::json report;  // schema tpcheck.run/1, as `--json` writes it
@@ -42,7 +27,7 @@ struct RunOutcome {
 
 // Checks every option and case (Error(kInput) before any work), runs the selected cases,
 // prints the console report to `console` (nothing on ranks 1..N-1 of a launch), writes
-// the JSON file when asked. `cpu_gemm_given`: --cpu-gemm was given explicitly.
+// the JSON and HTML files when asked. `cpu_gemm_given`: --cpu-gemm was given explicitly.
 RunOutcome run_suite(const RunArgs& args, bool cpu_gemm_given, std::ostream& console);
 
 // The program: parses argv, runs the subcommand, maps errors to exit codes (messages on

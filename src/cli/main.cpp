@@ -1,6 +1,6 @@
 // The `tpcheck` program: run a suite (single, sharded, truth), list its cases, list the
-// mutations, the cuBLASLt log tools (logdiff, trace, diff). Everything is in cli/app.cpp
-// (shared with the Python package).
+// mutations, explain one case, the cuBLASLt log tools (logdiff, trace, diff). Everything is
+// in cli/app.cpp (shared with the Python package).
 #include <cstdio>
 
 #include "cli/app.h"

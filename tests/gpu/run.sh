@@ -6,8 +6,9 @@
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite badinput mutations bench; also, not in the
-# default set: production (the te suite at production shapes, TP 8 emulated) and pytorch
-# (the te suite against its PyTorch twin).
+# default set: production (the te suite at production shapes, TP 8 emulated), pytorch
+# (the te suite against its PyTorch twin) and forensics (the cuBLASLt log tools on real
+# logs and programs).
 # NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -98,6 +99,24 @@ if has badinput; then
     "$bin" run --suite te --backend cuda --tp 2 --gemm-impl fma --filter 'f16|bf16'
   expect "--comm nccl --tp 2 on one GPU" nccl_two_on_one.log "2 3" "GPU" \
     "$bin" run --suite te --backend cuda --comm nccl --tp 2 --filter '^Linear'
+fi
+
+# The cuBLASLt log tools on real logs (issue 10): --query decodes each logged algorithm
+# through the capability query; trace runs tpcheck and a PyTorch program under logging.
+if has forensics; then
+  d="$root/tests/data/cublaslt"
+  timed "logdiff --query, tpcheck TP 1 vs 2 (level 2)" logdiff_query_tpcheck.log \
+    "$bin" logdiff "$d/tpcheck_tp1_level2.log" "$d/tpcheck_tp2_level2.log" --query
+  timed "logdiff --query, PyTorch tf32 full vs shard" logdiff_query_torch.log \
+    "$bin" logdiff "$d/torch_tf32_tp1.log" "$d/torch_tf32_tp2.log" --query
+  for tp in 1 2; do
+    timed "trace --query of tpcheck, TP $tp" "trace_tp$tp.log" "$bin" trace --out "$out/trace_tp$tp" \
+      --query -- "$bin" run --suite te --backend cuda --tp "$tp" --filter '^TransformerLayer.sp0.default$'
+  done
+  timed "diff of the two trace ledgers" diff_traces.log \
+    "$bin" diff "$out/trace_tp1/ledger.json" "$out/trace_tp2/ledger.json"
+  timed "trace of torchrun, 2 processes" trace_torchrun.log "$bin" trace --out "$out/trace_torch" -- \
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$d/torch_linear.py" tf32 2
 fi
 
 if has production; then

@@ -22,12 +22,19 @@
 // (dgelu) relative from the exact tanh form on an H200 (2026-11-30): too coarse for the
 // truth run, so f64 applies gelu / dgelu in its own f64 kernel after the GEMM (with the
 // bias still in cuBLASLt's epilogue): the same math, computed exactly.
+// Pinning (GemmProblem::pin, set only by explain's counterfactual re-runs): the pinned
+// record's compute type and implementation kind (FMA or tensor core) replace the run's,
+// and its algorithm (id, tile, stages, split-K, reduction, swizzle, custom option,
+// cluster) is re-created with cublasLtMatmulAlgoInit and used when
+// cublasLtMatmulAlgoCheck accepts it for this shape; otherwise the heuristic's first
+// algorithm under that compute type and mask runs, and the record says so.
 // Heuristic results are cached per problem description (the heuristic is a pure function
 // of it), so repeated shapes cost one query.
 #include <cublasLt.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -209,6 +216,11 @@ struct CudaGemmEngine {
     } else if (in_type == DType::kF32 && p.math_class == MathClass::kTf32) {
       compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     }
+    // A pinned algorithm (explain's counterfactual re-runs) brings its compute type.
+    if (p.pin != nullptr && in_type == DType::kF32) {
+      if (p.pin->compute_type == "32F_FAST_TF32") compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+      if (p.pin->compute_type == "32F") compute = CUBLAS_COMPUTE_32F;
+    }
     TPCHECK_CHECK_INPUT(f64 == (d.dtype() == DType::kF64),
                         "GEMM '{}': {} inputs with a {} output are not a cuBLASLt combination "
                         "(f64 goes with f64 only)",
@@ -274,7 +286,15 @@ struct CudaGemmEngine {
 
     const std::uint32_t align_x = alignment_of(x.raw()), align_y = alignment_of(y.raw());
     const std::uint32_t align_d = alignment_of(d.raw());
-    const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
+    // A pin also restricts the implementation to the pinned algorithm's kind (FMA or tensor
+    // core), so the heuristic fallback stays in its numerical class.
+    GemmImplMask mask_kind = be.options_.impl_mask;
+    if (p.pin != nullptr) {
+      const std::uint64_t f = p.pin->numerical_impl_flags;
+      if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA) mask_kind = GemmImplMask::kFma;
+      else if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK) mask_kind = GemmImplMask::kTensorCore;
+    }
+    const std::uint64_t mask = impl_mask_bits(mask_kind);
     const std::uint64_t workspace_limit = be.options_.workspace_bytes;
     TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
     auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& v) {
@@ -293,8 +313,44 @@ struct CudaGemmEngine {
         static_cast<int>(epilogue), g.trans_x, g.trans_y, g.m, g.n, g.k, g.ldx, g.ldy, g.ldd,
         p.batch, align_x, align_y, align_d, mask,
         bias.defined() ? static_cast<int>(bias.dtype()) : -1, p.accumulate);
+    // The pinned algorithm itself, when cuBLASLt accepts it for this problem: an algorithm
+    // re-created with AlgoInit needs its tile and stages (and the rest of its
+    // configuration) set before AlgoCheck accepts it.
+    std::optional<CudaBackend::CachedAlgo> pinned;
+    std::string pin_note;
+    if (p.pin != nullptr && p.pin->algo_id >= 0) {
+      cublasLtMatmulAlgo_t algo{};
+      const cudaDataType_t t_in = cuda_type(in_type), t_d = cuda_type(d.dtype());
+      cublasStatus_t st = cublasLtMatmulAlgoInit(be.lt_, compute, scale_type, t_in, t_in, t_d, t_d,
+                                                 p.pin->algo_id, &algo);
+      auto set_cfg = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const auto& v) {
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoConfigSetAttribute(&algo, attr, &v, sizeof(v));
+      };
+      set_cfg(CUBLASLT_ALGO_CONFIG_TILE_ID, static_cast<std::uint32_t>(p.pin->tile));
+      set_cfg(CUBLASLT_ALGO_CONFIG_STAGES_ID, static_cast<std::uint32_t>(p.pin->stages));
+      set_cfg(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, static_cast<std::int32_t>(p.pin->split_k));
+      set_cfg(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, static_cast<std::uint32_t>(p.pin->reduction_scheme));
+      set_cfg(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, static_cast<std::uint32_t>(p.pin->cta_swizzling));
+      set_cfg(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, static_cast<std::uint32_t>(p.pin->custom_option));
+      set_cfg(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, static_cast<std::uint16_t>(p.pin->cluster_shape));
+      cublasLtMatmulHeuristicResult_t check{};
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        st = cublasLtMatmulAlgoCheck(be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, &algo, &check);
+      }
+      if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_limit) {
+        pinned = CudaBackend::CachedAlgo{algo, check.workspaceSize, check.wavesCount};
+        pin_note = "pinned ";
+      } else {
+        pin_note = TPCHECK_FORMAT("pin of algo {} rejected ({}); heuristic under compute {} and mask {}: ",
+                                  p.pin->algo_id,
+                                  st == CUBLAS_STATUS_SUCCESS ? "workspace" : cuda::cublas_status_name(st),
+                                  compute_type_name(compute), gemm_impl_mask_name(mask_kind));
+      }
+    }
     auto it = be.algo_cache_.find(key);
-    if (it == be.algo_cache_.end()) {
+    if (pinned) {
+      it = be.algo_cache_.end();
+    } else if (it == be.algo_cache_.end()) {
       cublasLtMatmulHeuristicResult_t result{};
       int returned = 0;
       const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -312,7 +368,7 @@ struct CudaGemmEngine {
                                                      result.wavesCount})
                .first;
     }
-    const CudaBackend::CachedAlgo& chosen = it->second;
+    const CudaBackend::CachedAlgo& chosen = pinned ? *pinned : it->second;
 
     const double alpha64 = p.alpha, beta64 = p.accumulate ? 1.0 : 0.0;
     const float alpha32 = static_cast<float>(p.alpha), beta32 = static_cast<float>(beta64);
@@ -367,9 +423,9 @@ struct CudaGemmEngine {
     lt.alignment_c = align_d;
     lt.alignment_d = align_d;
     lt.waves_count = chosen.waves;
-    lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
+    lt.impl_mask = std::string(gemm_impl_mask_name(mask_kind));
     record.math_class = class_from_flags(flags, p.math_class);
-    record.implementation = TPCHECK_FORMAT("cublasLt algo {} {} {} splitK {}: {}", lt.algo_id,
+    record.implementation = TPCHECK_FORMAT("{}cublasLt algo {} {} {} splitK {}: {}", pin_note, lt.algo_id,
                                            lt.tile_name, lt.stages_name, lt.split_k,
                                            lt.numerical_impl);
     record.cublaslt = std::move(lt);

@@ -1,0 +1,287 @@
+// explain.cpp — explain_case: the recorded run, the GEMM attribution, the counterfactual
+// re-runs and the closing sentence (see tpcheck/explain.h, docs/FORENSICS.md).
+#include "tpcheck/explain.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "forensics/explain_recorder.h"
+#include "forensics/explain_trail.h"
+#include "tpcheck/error.h"
+
+namespace tpcheck {
+namespace {
+
+using explain::ExplainRecorders;
+using explain::GemmForcing;
+
+double norm_rel(const Tensor& x, const Tensor& ref) {
+  const std::vector<double> a = x.to_f64(), b = ref.to_f64();
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  if (den == 0) return num == 0 ? 0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+bool is_forward_site(const std::string& site) {
+  return site.size() >= 4 && site.compare(site.size() - 4, 4, "/fwd") == 0;
+}
+
+// "mlp.fc2" from "mlp.fc2/fwd → add_bias".
+std::string module_of(const std::string& name) {
+  const std::size_t slash = name.find('/');
+  return slash == std::string::npos ? name : name.substr(0, slash);
+}
+
+std::string class_words(const GemmRecord& r) {
+  if (r.cublaslt)
+    return fmt::format("{} ({})", math_class_name(r.math_class), r.cublaslt->numerical_impl);
+  return std::string(math_class_name(r.math_class));
+}
+
+std::string times(double ratio) {
+  if (!std::isfinite(ratio)) return "∞×";
+  if (ratio >= 100) return fmt::format("{:.1e}×", ratio);
+  return fmt::format("{:.2g}×", ratio);
+}
+
+// The forcing of one direction: every site in `sites` set to the other run's record.
+GemmForcing forcing_for(const std::vector<GemmClassDiff>& diffs, const std::set<std::string>& sites,
+                        bool force_sharded) {
+  GemmForcing f;
+  for (const GemmClassDiff& d : diffs) {
+    if (!sites.count(d.site) || f.sites.count(d.site)) continue;
+    const GemmRecord& to = force_sharded ? d.single : d.sharded;
+    f.sites[d.site] = GemmForcing::Target{to.math_class, to.cublaslt};
+  }
+  return f;
+}
+
+std::string forced_words(const GemmForcing& f) {
+  std::string out;
+  for (const auto& [site, t] : f.sites) {
+    if (!out.empty()) out += ", ";
+    out += std::string(math_class_name(t.math_class));
+    if (t.algorithm)
+      out += fmt::format(" algo {} {} {}", t.algorithm->algo_id, t.algorithm->tile_name,
+                         t.algorithm->stages_name);
+    if (f.sites.size() > 1) out += " at " + site;
+  }
+  return out;
+}
+
+}  // namespace
+
+CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const JudgeConfig& judge,
+                             const ExplainOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  TPCHECK_CHECK_INPUT(config.tp >= 2,
+                      "tpcheck explain compares a sharded run: --tp must be >= 2, got {}",
+                      config.tp);
+  TPCHECK_CHECK_INPUT(options.chosen_policy < judge.policies.size(), "explain: no policy {}",
+                      options.chosen_policy);
+  std::size_t truth_policy = judge.policies.size();
+  for (std::size_t p = 0; p < judge.policies.size(); ++p) {
+    if (judge.policies[p].kind == PolicyKind::kTruth) truth_policy = p;
+  }
+  TPCHECK_CHECK(truth_policy < judge.policies.size(),
+                "explain needs the truth policy among the judged ones");
+
+  CaseExplanation out;
+  // 1. The recorded run.
+  {
+    ExplainRecorders recorders(true, {}, {});
+    RunConfig recorded = config;
+    recorded.execution = recorders.wrap(config.execution);
+    out.run = run_case(c, recorded);
+    out.result = judge_case(c, config.tp, out.run, judge);
+    const auto single = recorders.single();
+    const auto truth = recorders.truth();
+    const auto sharded = recorders.sharded();
+    TPCHECK_CHECK(single && static_cast<int>(sharded.size()) == config.tp,
+                  "explain: the runs were not recorded (single {}, {} sharded ranks)",
+                  single != nullptr, sharded.size());
+    out.trail = explain::build_trail(*single, truth.get(), sharded,
+                                     out.result.policies[truth_policy].truth);
+  }
+  const CaseResult& result = out.result;
+
+  // The tensors to explain: the failing ones, else the worst.
+  std::vector<int> picked;
+  for (std::size_t i = 0; i < result.tensors.size(); ++i) {
+    if (!result.tensors[i].verdicts[options.chosen_policy].passed())
+      picked.push_back(static_cast<int>(i));
+  }
+  const bool failing = !picked.empty();
+  if (!failing) {
+    const int w = worst_tensor(result, options.chosen_policy);
+    if (w >= 0) picked.push_back(w);
+  }
+  // The tensor the case's line names first (worst_tensor: the first failing one), then
+  // the rest by their difference.
+  const int deciding = worst_tensor(result, options.chosen_policy);
+  std::stable_sort(picked.begin(), picked.end(), [&](int a, int b) {
+    if ((a == deciding) != (b == deciding)) return a == deciding;
+    return result.tensors[a].comparison.norm_rel_diff > result.tensors[b].comparison.norm_rel_diff;
+  });
+  if (static_cast<int>(picked.size()) > options.max_tensors) picked.resize(options.max_tensors);
+
+  // 2. GEMM attribution: sites upstream of each tensor whose class or algorithm differs.
+  std::set<std::string> sites_to_force;
+  std::vector<std::string> site_order;
+  for (int i : picked) {
+    const TensorResult& t = result.tensors[i];
+    TensorExplanation x;
+    x.name = t.name;
+    x.kind = t.kind;
+    x.failing = failing;
+    x.norm_rel_diff = t.comparison.norm_rel_diff;
+    x.max_abs_diff = t.comparison.max_abs_diff;
+    x.single_err = t.comparison.single_vs_truth.rms;
+    x.sharded_err = t.comparison.sharded_vs_truth.rms;
+    const bool output = t.kind == "output";
+    for (const GemmClassDiff& d : result.gemm_class_diffs) {
+      if (output && !is_forward_site(d.site)) continue;  // outputs depend on the forward only
+      x.upstream_diffs.push_back(d);
+      if (!sites_to_force.count(d.site)) {
+        sites_to_force.insert(d.site);
+        site_order.push_back(d.site);
+      }
+    }
+    for (const TrailEntry& e : out.trail) {
+      if (output && explain::is_backward(e)) break;
+      if (e.diverges) {
+        x.first_divergence = e.order;
+        break;
+      }
+    }
+    out.tensors.push_back(std::move(x));
+  }
+
+  // 3. Counterfactual re-runs: each site forced, in each direction; then all at once.
+  if (options.counterfactual && !site_order.empty()) {
+    if (static_cast<int>(site_order.size()) > options.max_forced_sites)
+      site_order.resize(options.max_forced_sites);
+    std::vector<std::set<std::string>> groups;
+    for (const std::string& s : site_order) groups.push_back({s});
+    if (site_order.size() > 1)
+      groups.push_back(std::set<std::string>(site_order.begin(), site_order.end()));
+    for (const auto& group : groups) {
+      for (const bool force_sharded : {true, false}) {
+        GemmForcing forcing = forcing_for(result.gemm_class_diffs, group, force_sharded);
+        Counterfactual cf;
+        cf.site = group.size() == 1 ? *group.begin() : "all";
+        cf.forced_run = force_sharded ? "sharded" : "single";
+        cf.forced_to = forced_words(forcing);
+        ExplainRecorders recorders(false, force_sharded ? GemmForcing{} : forcing,
+                                   force_sharded ? forcing : GemmForcing{});
+        RunConfig forced = config;
+        forced.execution = recorders.wrap(config.execution);
+        forced.skip_truth = true;  // forcing changes single and sharded only
+        const CaseRun rerun = run_case(c, forced);
+        ++out.reruns;
+        for (const TensorExplanation& x : out.tensors) {
+          double remaining = NAN;
+          for (const ComparedTensor& t : rerun.tensors) {
+            if (t.name == x.name && t.kind == x.kind) remaining = norm_rel(t.sharded, t.single);
+          }
+          cf.remaining.push_back(remaining);
+          cf.removed.push_back(x.norm_rel_diff > 0 ? 1.0 - remaining / x.norm_rel_diff : 0.0);
+        }
+        out.counterfactuals.push_back(std::move(cf));
+      }
+    }
+  }
+
+  // The closing sentence of each tensor.
+  for (std::size_t k = 0; k < out.tensors.size(); ++k) {
+    TensorExplanation& x = out.tensors[k];
+    const TensorResult& t = result.tensors[picked[k]];
+    for (const Counterfactual& cf : out.counterfactuals) {
+      if (cf.site == "all") continue;
+      if (cf.removed[k] > x.best_removed) {
+        x.best_removed = cf.removed[k];
+        x.best_site = cf.site;
+        x.best_direction = cf.forced_run;
+      }
+    }
+    const double ratio =
+        x.single_err > 0 ? x.sharded_err / x.single_err : (x.sharded_err > 0 ? INFINITY : 1.0);
+    const bool truth_passes = t.verdicts[truth_policy].passed();
+    const GemmClassDiff* best = nullptr;
+    for (const GemmClassDiff& d : x.upstream_diffs) {
+      if (d.site == x.best_site) best = &d;
+    }
+    const std::string tensor =
+        fmt::format("`{}`{}", x.name, x.kind == "gradient" ? " gradient" : "");
+    if (x.norm_rel_diff == 0 && t.comparison.max_abs_diff == 0) {
+      x.cause = "identical";
+      x.sentence =
+          fmt::format("identical: the sharded run reproduces single's {} exactly.", tensor);
+    } else if (best != nullptr &&
+               (x.best_removed >= 0.5 && (truth_passes || x.best_removed >= 0.9))) {
+      x.cause = "rounding";
+      const std::string change =
+          best->class_differs ? "numerical class change" : "algorithm change";
+      x.sentence = fmt::format(
+          "rounding: the {} at `{}` ({} vs {}) accounts for {:.0f}% of the difference in {}; the "
+          "sharded error against truth is {} single's{} — a class change, not a TP bug.",
+          change, best->site, class_words(best->single), class_words(best->sharded),
+          100 * x.best_removed, tensor, times(ratio),
+          truth_passes ? "" : " (beyond the truth policy's bound)");
+    } else if (truth_passes) {
+      x.cause = "rounding";
+      if (x.upstream_diffs.empty()) {
+        x.sentence = fmt::format(
+            "rounding: no GEMM upstream of {} changes class or algorithm; the difference ({:.2g} "
+            "norm-wise) is the order of additions (sums split across ranks); the sharded error "
+            "against truth is {} single's.",
+            tensor, x.norm_rel_diff, times(ratio));
+      } else {
+        x.sentence = fmt::format(
+            "rounding: forcing the GEMM class changes removes at most {:.0f}% of the difference "
+            "in {}{}; the rest is the order of additions; the sharded error against truth is {} "
+            "single's.",
+            100 * std::max(0.0, x.best_removed), tensor,
+            x.best_site.empty() ? "" : fmt::format(" (`{}`)", x.best_site), times(ratio));
+      }
+    } else {
+      x.cause = "bug";
+      if (x.first_divergence >= 0) {
+        const TrailEntry& e = out.trail[x.first_divergence];
+        const double r = e.single_err > 0 ? e.sharded_err / e.single_err : INFINITY;
+        // The last recorded op before it that still agrees: the bug lies between the two
+        // (a collective skipped or repeated, operands rearranged by the layer).
+        std::string before;
+        for (int i = x.first_divergence - 1; i >= 0; --i) {
+          const TrailEntry& p = out.trail[i];
+          if (p.comparable && p.has_truth && !p.diverges) {
+            before = fmt::format(" (the op before it, `{}`, still agrees with single)", p.name);
+            break;
+          }
+        }
+        x.sentence = fmt::format(
+            "not explained by GEMM numerics: the sharded run is {} further from truth than single "
+            "from `{}` on ({} at the failing {}) — likely a TP bug in `{}`{}.",
+            times(r), e.name, times(ratio), tensor, module_of(e.name), before);
+      } else {
+        x.sentence = fmt::format(
+            "not explained by GEMM numerics: the sharded run is {} further from truth than single "
+            "in {}, and no intermediate before it diverges — likely a TP bug in the last step that "
+            "produces {} (its reduction across ranks).",
+            times(ratio), tensor, tensor);
+      }
+    }
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace tpcheck

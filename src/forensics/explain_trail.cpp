@@ -1,0 +1,272 @@
+// explain_trail.cpp — see explain_trail.h.
+#include "forensics/explain_trail.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "tpcheck/shard.h"
+
+namespace tpcheck::explain {
+namespace {
+
+bool is_collective(const std::string& op) {
+  return op == "all_gather" || op == "reduce_scatter" || op == "all_reduce" || op == "broadcast";
+}
+
+struct Labeled {
+  std::string key;   // alignment key
+  std::string name;  // shown
+  int occurrence = 0;
+};
+
+std::vector<Labeled> label_ops(const Recording& r) {
+  std::vector<Labeled> out;
+  std::map<std::string, int> seen;
+  std::string prev;
+  for (const RecordedOp& op : r.ops) {
+    Labeled l;
+    if (op.op == "gemm") {
+      l.key = "gemm|" + op.site;
+      l.name = op.site;
+      prev = op.site;
+    } else {
+      const std::string where = prev.empty() ? "input" : prev;
+      l.key = where + "|" + (is_collective(op.op) ? "collective" : op.op);
+      l.name = where + " → " + op.op;
+    }
+    l.occurrence = seen[l.key]++;
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+double rms(const std::vector<double>& a, const std::vector<double>* b) {
+  if (a.empty()) return 0;
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = b ? a[i] - (*b)[i] : a[i];
+    s += d * d;
+  }
+  return std::sqrt(s / a.size());
+}
+
+double norm_rel(const std::vector<double>& x, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - ref[i]) * (x[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+struct Candidate {
+  std::string layout;
+  std::vector<double> values;  // the sharded tensor as single's (global) tensor
+  double diff = 0;             // norm-wise relative difference to single
+};
+
+// The interpretations of the ranks' tensors as single's tensor (see the header).
+std::vector<Candidate> candidates(const std::vector<Tensor>& ranks, const Tensor& single) {
+  std::vector<Candidate> out;
+  const int n = static_cast<int>(ranks.size());
+  const Shape& s = single.shape();
+  const Shape& l = ranks[0].shape();
+  for (const Tensor& t : ranks) {
+    if (t.shape() != l) return out;
+  }
+  if (l == s) {
+    // Replicated: every rank should hold single's tensor; the worst rank speaks.
+    const std::vector<double> ref = single.to_f64();
+    Candidate worst;
+    worst.diff = -1;
+    for (int r = 0; r < n; ++r) {
+      std::vector<double> v = ranks[r].to_f64();
+      const double d = norm_rel(v, ref);
+      if (d > worst.diff || std::isnan(d)) {
+        worst =
+            Candidate{n > 1 ? "replicated (worst: rank " + std::to_string(r) + ")" : "replicated",
+                      std::move(v), d};
+      }
+    }
+    out.push_back(std::move(worst));
+    std::vector<double> sum(ref.size(), 0.0);
+    for (const Tensor& t : ranks) {
+      const std::vector<double> v = t.to_f64();
+      for (std::size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+    }
+    out.push_back(Candidate{"sum over ranks", std::move(sum), 0});
+    return out;
+  }
+  if (static_cast<int>(l.size()) != static_cast<int>(s.size())) return out;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
+    bool fits = l[d] * n == s[d];
+    for (int e = 0; e < static_cast<int>(s.size()) && fits; ++e) fits = e == d || l[e] == s[e];
+    if (!fits) continue;
+    for (std::int64_t q = 1; q <= std::min<std::int64_t>(s[d], 64); ++q) {
+      if (s[d] % q != 0 || (s[d] / q) % n != 0) continue;
+      std::vector<std::int64_t> blocks(q, s[d] / q);
+      const Tensor global = assemble_shards(
+          ranks, ShardSpec::along(d, q == 1 ? std::vector<std::int64_t>{} : blocks));
+      out.push_back(Candidate{
+          q == 1 ? "split dim " + std::to_string(d)
+                 : "split dim " + std::to_string(d) + " (" + std::to_string(q) + " blocks)",
+          global.to_f64(), 0});
+    }
+  }
+  return out;
+}
+
+void compare(TrailEntry& e, const Tensor& single, const Tensor* truth,
+             const std::vector<Tensor>& ranks, const TruthPolicyParams& bound) {
+  e.single_shape = single.shape();
+  e.sharded_shape = ranks[0].shape();
+  std::vector<Candidate> cs = candidates(ranks, single);
+  if (cs.empty()) {
+    e.note = "layout not derivable from the shapes (single " + shape_str(single.shape()) +
+             ", rank 0 " + shape_str(ranks[0].shape()) + ")";
+    return;
+  }
+  const std::vector<double> ref = single.to_f64();
+  for (Candidate& c : cs) {
+    if (c.layout != "replicated" && c.layout.rfind("replicated", 0) != 0)
+      c.diff = norm_rel(c.values, ref);
+  }
+  auto best = std::min_element(cs.begin(), cs.end(), [](const Candidate& a, const Candidate& b) {
+    if (std::isnan(a.diff)) return false;
+    if (std::isnan(b.diff)) return true;
+    return a.diff < b.diff;
+  });
+  e.comparable = true;
+  e.layout = best->layout;
+  e.norm_rel_diff = best->diff;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::abs(best->values[i] - ref[i]);
+    if (d > e.max_abs_diff || std::isnan(d)) e.max_abs_diff = d;
+  }
+  if (truth != nullptr && truth->shape() == single.shape()) {
+    const std::vector<double> t = truth->to_f64();
+    e.has_truth = true;
+    e.single_err = rms(ref, &t);
+    e.sharded_err = rms(best->values, &t);
+    e.truth_rms = rms(t, nullptr);
+    const double u = bound.unit_roundoff.value_or(0);
+    const double allowed =
+        bound.multiplier * std::sqrt(static_cast<double>(bound.tp_size)) * e.single_err +
+        bound.floor_factor * u * std::sqrt(static_cast<double>(bound.reduction_length)) *
+            e.truth_rms;
+    e.diverges = !(e.sharded_err <= allowed);
+  }
+}
+
+}  // namespace
+
+bool is_backward(const TrailEntry& e) {
+  static const char* kBackwardOps[] = {"norm_backward", "activation_backward",
+                                       "attention_softmax_backward", "bias_grad"};
+  for (const char* op : kBackwardOps) {
+    if (e.op.rfind(op, 0) == 0) return true;
+  }
+  // The pass of the GEMM site the entry is named after: "<module>/<pass>[ → op]".
+  const std::size_t slash = e.name.find('/');
+  if (slash == std::string::npos) return false;
+  const std::size_t end = e.name.find(' ', slash);
+  return e.name.substr(slash + 1, end == std::string::npos ? std::string::npos : end - slash - 1) !=
+         "fwd";
+}
+
+std::vector<TrailEntry> build_trail(const Recording& single, const Recording* truth,
+                                    const std::vector<std::shared_ptr<Recording>>& sharded,
+                                    const TruthPolicyParams& bound) {
+  const std::vector<Labeled> single_labels = label_ops(single);
+  const std::vector<Labeled> sharded_labels = label_ops(*sharded.at(0));
+  std::map<std::pair<std::string, int>, std::size_t> single_at, truth_at;
+  for (std::size_t i = 0; i < single_labels.size(); ++i) {
+    single_at[{single_labels[i].key, single_labels[i].occurrence}] = i;
+  }
+  std::vector<Labeled> truth_labels;
+  if (truth != nullptr) {
+    truth_labels = label_ops(*truth);
+    for (std::size_t i = 0; i < truth_labels.size(); ++i) {
+      truth_at[{truth_labels[i].key, truth_labels[i].occurrence}] = i;
+    }
+  }
+  // Every rank runs the same ops; a rank that did not is reported, not compared.
+  bool ranks_agree = true;
+  for (const auto& r : sharded) {
+    ranks_agree = ranks_agree && r && r->ops.size() == sharded[0]->ops.size();
+  }
+
+  // (position, entry): sharded ops at their index, single-only ops just after the single
+  // op before them that was matched.
+  std::vector<std::pair<double, TrailEntry>> rows;
+  std::vector<int> single_matched(single_labels.size(), -1);
+  std::pair<int, int> last_match{-1, -1};  // (single index, sharded index) of the last match
+  for (std::size_t i = 0; i < sharded_labels.size(); ++i) {
+    const Labeled& l = sharded_labels[i];
+    TrailEntry e;
+    e.name = l.name;
+    e.op = sharded[0]->ops[i].op;
+    e.occurrence = l.occurrence;
+    auto it = single_at.find({l.key, l.occurrence});
+    if (it == single_at.end() && ranks_agree && e.op == "all_gather" && i > 0 &&
+        last_match.first >= 0 && last_match.second == static_cast<int>(i) - 1) {
+      // A sharded-only gather (sequence parallel gathers what single holds whole): in
+      // single, the tensor it gathers is the output of the op before it.
+      std::vector<Tensor> ranks;
+      for (const auto& r : sharded) ranks.push_back(r->ops[i].value);
+      const int j = last_match.first;
+      const Tensor* t = nullptr;
+      if (auto tt = truth_at.find({single_labels[j].key, single_labels[j].occurrence});
+          tt != truth_at.end()) {
+        t = &truth->ops[tt->second].value;
+      }
+      compare(e, single.ops[j].value, t, ranks, bound);
+      e.note = "only in the sharded run; compared with single's `" + single_labels[j].name + "`";
+    } else if (it == single_at.end()) {
+      e.note = "only in the sharded run";
+      e.sharded_shape = sharded[0]->ops[i].value.shape();
+    } else if (!ranks_agree) {
+      single_matched[it->second] = static_cast<int>(i);
+      e.note = "the ranks ran different op sequences";
+    } else {
+      single_matched[it->second] = static_cast<int>(i);
+      last_match = {static_cast<int>(it->second), static_cast<int>(i)};
+      std::vector<Tensor> ranks;
+      for (const auto& r : sharded) ranks.push_back(r->ops[i].value);
+      const Tensor* t = nullptr;
+      if (auto tt = truth_at.find({l.key, l.occurrence}); tt != truth_at.end()) {
+        t = &truth->ops[tt->second].value;
+      }
+      compare(e, single.ops[it->second].value, t, ranks, bound);
+    }
+    rows.emplace_back(static_cast<double>(i), std::move(e));
+  }
+  double anchor = -1;
+  for (std::size_t j = 0; j < single_labels.size(); ++j) {
+    if (single_matched[j] >= 0) {
+      anchor = single_matched[j];
+      continue;
+    }
+    TrailEntry e;
+    e.name = single_labels[j].name;
+    e.op = single.ops[j].op;
+    e.occurrence = single_labels[j].occurrence;
+    e.single_shape = single.ops[j].value.shape();
+    e.note = "only in the single run";
+    rows.emplace_back(anchor + 0.5 + 1e-6 * static_cast<double>(j), std::move(e));
+  }
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<TrailEntry> trail;
+  for (auto& [pos, e] : rows) {
+    e.order = static_cast<int>(trail.size());
+    trail.push_back(std::move(e));
+  }
+  return trail;
+}
+
+}  // namespace tpcheck::explain
