@@ -144,7 +144,7 @@ void print_explanation(std::ostream& out, const CaseExplanation& e) {
       out,
       "\nfirst divergence — every intermediate in execution order; errors are rms against truth;\n"
       "'!' marks a sharded error beyond what rounding explains (the truth policy's bound)\n");
-  fmt::print(out, "  {:>4}  {:<52} {:<26} {:>10} {:>10} {:>10} {:>8}\n", "#", "op", "layout",
+  fmt::print(out, "  {:>4}  {:<52} {:<44} {:>10} {:>10} {:>10} {:>8}\n", "#", "op", "layout",
              "|sh-si|rel", "single", "sharded", "ratio");
   for (const TrailEntry& t : e.trail) {
     const std::string name =
@@ -155,7 +155,7 @@ void print_explanation(std::ostream& out, const CaseExplanation& e) {
     }
     const std::string ratio =
         t.has_truth && t.single_err > 0 ? fmt::format("{:.3g}", t.sharded_err / t.single_err) : "-";
-    fmt::print(out, "  {:>4}{} {:<52} {:<26} {:>10} {:>10} {:>10} {:>8}{}{}\n", t.order,
+    fmt::print(out, "  {:>4}{} {:<52} {:<44} {:>10} {:>10} {:>10} {:>8}{}{}\n", t.order,
                t.diverges ? "!" : " ", name, t.layout, sci(t.norm_rel_diff),
                t.has_truth ? sci(t.single_err) : "-", t.has_truth ? sci(t.sharded_err) : "-", ratio,
                firsts.count(t.order) ? "  << first divergence" : "",

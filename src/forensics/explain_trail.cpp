@@ -116,6 +116,18 @@ std::vector<Candidate> candidates(const std::vector<Tensor>& ranks, const Tensor
                  : "split dim " + std::to_string(d) + " (" + std::to_string(q) + " blocks)",
           global.to_f64(), 0});
     }
+    // A fused GQA/MQA projection: [Q | K | V] blocks of unequal size, Q = k·KV (k query
+    // heads per key/value head), each block split over the ranks.
+    for (std::int64_t k = 2; k <= 64; ++k) {
+      if (s[d] % (k + 2) != 0) continue;
+      const std::int64_t kv = s[d] / (k + 2);
+      if (kv % n != 0) continue;
+      const Tensor global = assemble_shards(ranks, ShardSpec::along(d, {k * kv, kv, kv}));
+      out.push_back(Candidate{"split dim " + std::to_string(d) + " ([Q | K | V] blocks " +
+                                  std::to_string(k * kv) + ", " + std::to_string(kv) + ", " +
+                                  std::to_string(kv) + ")",
+                              global.to_f64(), 0});
+    }
   }
   return out;
 }

@@ -16,7 +16,8 @@
 // "replicated" (every rank compared, the worst kept) and "sum over ranks" (a row-parallel
 // partial product); when one dimension is N times smaller, the ranks' tensors are
 // assembled along it with every even block count that fits (1 block: a plain split; 2:
-// a gated [a | b] weight; b: heads folded into the batch of attention's [b·h, s, d]). The
+// a gated [a | b] weight; b: heads folded into the batch of attention's [b·h, s, d]), and
+// the unequal [Q | K | V] blocks of a fused GQA/MQA projection (Q = k·KV, k ≥ 2). The
 // candidate closest to single is used and named in the table; a mutation that breaks a
 // layout shows up as a large difference under every candidate. Other shapes are "not
 // comparable" (the rank shapes are reported).

@@ -7,7 +7,7 @@
 //     re-run removes most of the difference in both directions;
 //   * a correct case: no tensor is called a bug, no intermediate diverges;
 //   * the trail assembles sharded intermediates (layouts found for every GEMM).
-// Cost: 15 explained cases at TP 2 (one at TP 4), about 0.3 s of CPU each.
+// Cost: 19 explained cases at TP 2 (one at TP 4), about 0.3 s of CPU each.
 #include "tpcheck/explain.h"
 
 #include <gtest/gtest.h>
@@ -20,8 +20,11 @@
 namespace tpcheck {
 namespace {
 
+// Case ids with a "." after "sp0"/"sp1" and a dtype are the full suite's; the others te's.
 SuiteCase case_named(const std::string& id, int tp) {
-  const Suite suite = make_suite("te", tp, {});
+  const bool full = id.find(".f32.") != std::string::npos ||
+                    id.find(".f16.") != std::string::npos || id.find(".bf16.") != std::string::npos;
+  const Suite suite = make_suite(full ? "full" : "te", tp, {});
   for (const SuiteCase& c : suite.cases) {
     if (c.id == id) return c;
   }
@@ -82,6 +85,28 @@ const MutationCause kCauses[] = {
      "from `attn\\.proj/fwd → add_bias` on"},
     {"row-bias-grad-not-reduced", "TransformerLayer.sp1.default",
      "`[a-z_.]*(proj\\.bias|fc2_bias)` gradient.*reduction"},
+    // The four mutations only the full suite reaches (src/suite/full_suite.cpp), each on
+    // a full-suite case that catches it at TP 2. The gated fc1 split shows at the
+    // activation, the first op reading both halves. The QKV bugs leave a QKV output that
+    // is a valid split of *some* layout (explain derives layouts from shapes), so the
+    // first op to disagree is the score product that reads Q, K and V from it.
+    {"gated-fc1-one-block",
+     "TransformerLayer.sp0.f32.activation=geglu+groups=tp+mask=no_mask+residual=parallel+"
+     "normalization=RMSNorm",
+     "TP bug in `mlp\\.fc1`.*`mlp\\.fc1/fwd`, still agrees"},
+    {"qkv-one-block",
+     "TransformerLayer.sp0.f32.activation=srelu+qkv=fused_blocks+groups=tp+mask=causal_left3+"
+     "residual=output_ln+zero_centered_gamma=true+fuse_wgrad_accumulation=true",
+     "TP bug in `attn\\.scores`.*`attn\\.qkv/fwd`, still agrees"},
+    {"gqa-wrong-group",
+     "TransformerLayer.sp0.f32.activation=relu+qkv=fused_interleaved+groups=2tp+mask=no_mask+"
+     "residual=post_ln+normalization=RMSNorm+zero_centered_gamma=true+bias=false+"
+     "fuse_wgrad_accumulation=true",
+     "TP bug in `attn\\.scores`.*`attn\\.qkv/fwd`, still agrees"},
+    {"window-offset",
+     "TransformerLayer.sp0.f32.activation=qgelu+groups=2tp+mask=window2_3+"
+     "residual=post_ln_output_ln+bias=false",
+     "TP bug in `attn\\.scores`"},
 };
 
 TEST(Explain, EveryMutationIsNamed) {
@@ -130,8 +155,9 @@ TEST(Explain, CpuGemmAutoFalseAlarmIsAClassChange) {
   EXPECT_EQ(directions, 2);
 }
 
-TEST(Explain, CorrectCaseIsRounding) {
-  const CaseExplanation e = explain("TransformerLayer.sp1.default", 2, Mutation::kNone);
+void expect_correct_case_is_rounding(const std::string& id) {
+  SCOPED_TRACE(id);
+  const CaseExplanation e = explain(id, 2, Mutation::kNone);
   ASSERT_EQ(e.tensors.size(), 1u);
   EXPECT_FALSE(e.tensors[0].failing);
   EXPECT_EQ(e.tensors[0].cause, "rounding") << e.tensors[0].sentence;
@@ -146,6 +172,15 @@ TEST(Explain, CorrectCaseIsRounding) {
   }
   // Forward: qkv, scores, context, proj, fc1, fc2; backward: 2 per linear + 4 attention.
   EXPECT_GE(gemms, 18);
+}
+
+TEST(Explain, CorrectCaseIsRounding) {
+  expect_correct_case_is_rounding("TransformerLayer.sp1.default");
+  // A fused GQA projection ([Q | K | V] of unequal sizes, each split over the ranks) and a
+  // gated fc1: a layout explain once misread as a divergence at attn.qkv.
+  expect_correct_case_is_rounding(
+      "TransformerLayer.sp0.f32.activation=geglu+groups=tp+mask=no_mask+residual=parallel+"
+      "normalization=RMSNorm");
 }
 
 TEST(Explain, NeedsASharedRun) {
