@@ -32,7 +32,7 @@ import pytest
 
 CASE = "LayerNormMLP.sp0.default"
 # docs/POLICIES.md's false alarm (te with atol 1e-5, --cpu-gemm auto, TP 4).
-AUTO = ["--backend", "cpu", "--tp", "4", "--cpu-gemm", "auto", "--policy", "te", "--atol", "1e-5"]
+AUTO = ["--suite", "te", "--backend", "cpu", "--tp", "4", "--cpu-gemm", "auto", "--policy", "te", "--atol", "1e-5"]
 
 
 def tpcheck():

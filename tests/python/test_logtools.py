@@ -182,7 +182,7 @@ def test_diff_two_traces(cli, tmp_path):
 
 def test_diff_run_reports(cli, tmp_path):
     a = tmp_path / "a.json"
-    r = tpcheck(cli, "run", "--tp", "2", "--filter", r"^Linear\.row\.sp1\.default$", "--json", str(a))
+    r = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter", r"^Linear\.row\.sp1\.default$", "--json", str(a))
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(a.read_text())
     same = tpcheck(cli, "diff", str(a), str(a))

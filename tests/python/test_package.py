@@ -365,7 +365,7 @@ def test_run_returns_the_cli_report(tmp_path):
     cli = os.environ.get("TPCHECK_CLI")
     assert cli, "ctest sets TPCHECK_CLI"
     out = tmp_path / "r.json"
-    subprocess.run([cli, "run", "--tp", "2", "--backend", "cpu", "--filter", FILTER,
+    subprocess.run([cli, "run", "--suite", "te", "--tp", "2", "--backend", "cpu", "--filter", FILTER,
                     "--json", str(out)], check=True, capture_output=True)
     want = json.loads(out.read_text())
 
@@ -390,13 +390,13 @@ def test_run_and_main_errors():
     with pytest.raises(ValueError, match="matches none"):
         tpcheck.run(tp=2, backend="cpu", filter="^nothing$")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    r = subprocess.run([sys.executable, "-m", "tpcheck", "list", "--tp", "2"],
+    r = subprocess.run([sys.executable, "-m", "tpcheck", "list", "--suite", "te", "--tp", "2"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "Linear.column.sp0.default" in r.stdout.split()
     r = subprocess.run([sys.executable, "-m", "tpcheck", "run", "--tp", "0"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "--tp must be between 1 and 64" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "tpcheck", "run", "--tp", "2", "--backend", "cpu",
+    r = subprocess.run([sys.executable, "-m", "tpcheck", "run", "--suite", "te", "--tp", "2", "--backend", "cpu",
                         "--filter", FILTER], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "1 passed, 0 failed"
 

@@ -116,7 +116,7 @@ def test_torchrun_launch_of_the_suite(nproc, tmp_path):
     if nproc > torch.cuda.device_count():
         pytest.skip(f"{nproc} ranks need {nproc} GPUs")
     out = tmp_path / "report.json"
-    r = _torchrun(["-m", "tpcheck", "run", "--tp", str(nproc), "--backend", "cuda",
+    r = _torchrun(["-m", "tpcheck", "run", "--suite", "te", "--tp", str(nproc), "--backend", "cuda",
                    "--filter", "^Linear.column.sp0.default$", "--json", str(out)], nproc)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1] == "1 passed, 0 failed"
