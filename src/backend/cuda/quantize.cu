@@ -80,6 +80,9 @@ __device__ __forceinline__ std::uint8_t e8m0_round_up_dev(float v) {
 __device__ __forceinline__ float e8m0_reciprocal_dev(std::uint8_t e) {
   if (e == 0xff) return __uint_as_float(0x7fc00000u);
   if (e == 0) return 1.0f;
+  // 2^-127 is an f32 subnormal: the exponent-field shift below would give 0 (and an inf
+  // element × 0 = NaN). The CPU's ldexp gives 2^-127; see docs/QUANTIZATION.md (MXFP8).
+  if (e == 0xfe) return __uint_as_float(0x00400000u);
   return __uint_as_float(static_cast<std::uint32_t>(254 - e) << 23);  // 2^(127 − e)
 }
 
