@@ -62,6 +62,13 @@ DType quant_data_dtype(Recipe recipe, QuantRole role);
 Shape quant_block(Recipe recipe, QuantRole role);
 // The GEMM math class of a recipe (kFp8, kFp8Block, kMxfp8, kNvfp4).
 MathClass quant_math_class(Recipe recipe);
+// The tolerances the reference suite (run_numerics.py) checks a recipe's runs with:
+// 0.125 / 0.0625 (fp8, fp8_block_scaling, mxfp8), 0.125 / 0.12 (nvfp4), 0.4 / 0.25
+// (fp8_cs). REQUIRES: recipe != kNone.
+struct RecipeTolerance {
+  double rtol = 0, atol = 0;
+};
+RecipeTolerance reference_recipe_tolerance(Recipe recipe);
 
 // Error(kInput) unless a [.., cols] tensor of `shape` can be quantized: the recipe's block
 // divides cols (and rows, for a columnwise copy or 2-D blocks); FP8 per-tensor data needs

@@ -26,6 +26,7 @@ struct RunSettings {
   std::uint64_t seed = 1234;
   std::string mutation = "none";
   std::string cpu_gemm = "fp32";
+  std::string recipe = "none";    // quant.h recipe_name
   std::vector<Policy> policies;   // reported policies
   std::size_t chosen_policy = 0;  // index into policies: decides pass/fail and exit code
   CompareOptions compare;

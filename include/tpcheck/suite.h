@@ -23,6 +23,7 @@
 #include "tpcheck/forensics.h"
 #include "tpcheck/gemm_record.h"
 #include "tpcheck/numerics.h"
+#include "tpcheck/quant.h"
 #include "tpcheck/mutation.h"
 #include "tpcheck/tensor.h"
 
@@ -68,7 +69,11 @@ struct Suite {
 std::vector<std::string> suite_names();
 // Builds a suite for `tp` ranks. Throws Error(kInput) for an unknown suite name, or when
 // `tp` does not divide an explicitly given size (naming it).
-Suite make_suite(const std::string& name, int tp, const SuiteSizes& sizes);
+// `recipe` (default none): the reference's per-recipe sizes fill the sizes not given
+// (raised to fit the recipe's blocks at this TP, noted), and te makes the reference's
+// case changes for it (te_suite.cpp).
+Suite make_suite(const std::string& name, int tp, const SuiteSizes& sizes,
+                 Recipe recipe = Recipe::kNone);
 
 // Where a case's runs compute. `make_backend(rank)` makes the backend of one rank, on the
 // calling thread (a CUDA backend makes its stream current there); the single and truth
@@ -107,6 +112,9 @@ struct RunConfig {
   // truth and rounding_noise stay undefined). For re-runs that compare sharded with
   // single only (explain's counterfactuals); judge_case needs the truth run.
   bool skip_truth = false;
+  // The quantized recipe of the single and sharded runs' Linear GEMMs (quant.h); truth
+  // never quantizes. CPU backend only so far (check_case refuses others).
+  Recipe recipe = Recipe::kNone;
 };
 
 // One compared tensor, global shape, in each run.

@@ -38,6 +38,9 @@ void add_case_options(CLI::App* cmd, RunArgs& a) {
                   "build the sharded layers with a TP bug (see `tpcheck mutations`)");
   a.cpu_gemm_option = cmd->add_option("--cpu-gemm", a.cpu_gemm,
                                       "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
+  cmd->add_option("--recipe", a.recipe,
+                  "quantized recipe of the Linear GEMMs: none (default), fp8, fp8_cs, "
+                  "fp8_block_scaling, mxfp8 or nvfp4 (cpu backend)");
   cmd->add_option("--rtol", a.rtol, "override rtol of te/allclose");
   cmd->add_option("--atol", a.atol, "override atol of te/allclose");
   add_size_options(cmd, a);
@@ -84,17 +87,19 @@ PreparedRun prepare_run(const RunArgs& a) {
   const Policy chosen = parse_policy(a.policy);
   const Mutation mutation = parse_mutation(a.mutate);
   const GemmClassRule rule = parse_cpu_gemm(a.cpu_gemm);
+  const Recipe recipe = parse_recipe(a.recipe);
   TPCHECK_CHECK_INPUT(a.tp >= 1 && a.tp <= 64, "--tp must be between 1 and 64, got {}", a.tp);
   if (a.rtol) TPCHECK_CHECK_INPUT(*a.rtol >= 0, "--rtol must be >= 0, got {}", *a.rtol);
   if (a.atol) TPCHECK_CHECK_INPUT(*a.atol >= 0, "--atol must be >= 0, got {}", *a.atol);
   PreparedRun p;
-  p.suite = make_suite(a.suite, a.tp, a.sizes);
+  p.suite = make_suite(a.suite, a.tp, a.sizes, recipe);
   RunSettings& settings = p.settings;
   settings.suite = p.suite.name;
   settings.tp = a.tp;
   settings.seed = a.seed;
   settings.mutation = std::string(mutation_name(mutation));
   settings.cpu_gemm = a.cpu_gemm;
+  settings.recipe = std::string(recipe_name(recipe));
   for (const std::string& name : policy_names()) settings.policies.push_back(parse_policy(name));
   for (std::size_t i = 0; i < settings.policies.size(); ++i) {
     if (settings.policies[i].kind == chosen.kind) settings.chosen_policy = i;
@@ -102,11 +107,21 @@ PreparedRun prepare_run(const RunArgs& a) {
   settings.compare = CompareOptions{a.rtol, a.atol};
   settings.notes = p.suite.notes;
   settings.notes.insert(settings.notes.begin(), "suite " + p.suite.description);
+  if (recipe != Recipe::kNone && !a.rtol && !a.atol) {
+    // The reference suite's tolerances for this recipe (run_numerics.py), for te and
+    // allclose alike; --rtol / --atol still override them.
+    const RecipeTolerance t = reference_recipe_tolerance(recipe);
+    settings.compare = CompareOptions{t.rtol, t.atol};
+    settings.notes.push_back(fmt::format("recipe {}: te and allclose use the reference's "
+                                         "tolerances for it, rtol {} atol {}",
+                                         recipe_name(recipe), t.rtol, t.atol));
+  }
   const bool cpu_gemm_given =
       a.cpu_gemm_given || (a.cpu_gemm_option != nullptr && a.cpu_gemm_option->count() > 0);
   const ResolvedExecution resolved =
       resolve_execution(a.execution, a.tp, rule, cpu_gemm_given, settings);
   p.config = RunConfig{a.tp, a.seed, mutation, resolved.gemm_rule, resolved.execution};
+  p.config.recipe = recipe;
   p.judge = JudgeConfig{settings.policies, settings.compare};
   p.reports = resolved.reports;
   return p;

@@ -23,6 +23,7 @@ struct RunArgs {
   std::uint64_t seed = 1234;
   std::string mutate = "none";
   std::string cpu_gemm = "fp32";
+  std::string recipe = "none";
   std::string json_path;
   std::string html_path;
   std::optional<double> rtol, atol;

@@ -5,6 +5,19 @@
 //   wgrad  dW[out_l, in_l] += dy[T, out_l]ᵀ · x[T, in_l]     site <site>/wgrad
 // Column: out_l = out/N, x gathered over tokens under SP, dx reduced (tp_ops).
 // Row: in_l = in/N, y reduced (tp_ops), dy gathered over tokens under SP.
+//
+// Under a quantized recipe (ModuleContext::recipe) the three products run on quantized
+// operands (Backend::gemm_quantized), each operand quantized from its high-precision
+// values just before the product that reads it, with the copy that product needs:
+//   fwd    x rowwise (role input),        W rowwise (role weight)
+//   dgrad  dy rowwise (role grad_output), W columnwise
+//   wgrad  dy columnwise,                 x columnwise
+// The gathered tensors (x under column SP, dy under row SP) are quantized after the
+// gather, so their per-tensor scale comes from the amax of the whole tensor — what the
+// reference gets by reducing the amax (max) across the TP group before its quantized
+// all-gather; a shard quantized on its own (a row-parallel input, a column-parallel dy, a
+// weight shard) uses its own amax, as there. FP8 delayed scaling runs one step here, so
+// its scale is the initial 1 (docs/QUANTIZATION.md, "In the layers").
 #include "tpcheck/layers/linear.h"
 
 #include <nlohmann/json.hpp>
@@ -79,6 +92,12 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
     TPCHECK_CHECK_INPUT(sum == o.out_features,
                         "{}: parameters_split rows sum to {}, expected out_features {}", o.site,
                         sum, o.out_features);
+  }
+  if (ctx_.recipe != Recipe::kNone) {
+    // The weight shard is quantized rowwise (fwd) and columnwise (dgrad): both dimensions
+    // must fit the recipe's blocks. Checked at construction, so before any case runs.
+    check_quantizable(o.site + " weight (this rank's shard)", {local_out(), local_in()},
+                      ctx_.recipe, QuantRole::kWeight, QuantUsage{true, true});
   }
   ShardSpec weight_shard, bias_shard;
   std::optional<ShardSpec> values_from;  // the mutated layout the values come from
@@ -175,6 +194,33 @@ void Linear::store_gradient_buffer(GradTarget which, const Tensor& buffer) {
   }
 }
 
+Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
+                                  std::string_view what) const {
+  if (ctx_.recipe == Recipe::kNone) return t;
+  QuantizeOptions q;
+  q.recipe = ctx_.recipe;
+  q.role = role;
+  q.usage = QuantUsage{!columnwise, columnwise};
+  Tensor out = t;  // a handle on the same values, carrying the quantized copy
+  out.set_quantized(quantize(t, q, what));
+  return out;
+}
+
+void Linear::linear_gemm(std::string_view pass, const Tensor& a, bool trans_a, QuantRole a_role,
+                         const Tensor& b, bool trans_b, QuantRole b_role, Tensor& c,
+                         bool accumulate, const GemmEpilogue& epilogue) const {
+  const std::string site = options_.site + "/" + std::string(pass);
+  if (ctx_.recipe == Recipe::kNone) {
+    ctx_.backend->gemm(site, a, trans_a, b, trans_b, c, accumulate, epilogue);
+    return;
+  }
+  // gemm_quantized reads A's rowwise copy unless trans_a, B's columnwise copy unless
+  // trans_b (backend.h): make exactly that one.
+  const Tensor qa = quantized_for_gemm(a, a_role, trans_a, site + " operand A");
+  const Tensor qb = quantized_for_gemm(b, b_role, !trans_b, site + " operand B");
+  ctx_.backend->gemm_quantized(site, qa, trans_a, qb, trans_b, c, accumulate, epilogue);
+}
+
 std::int64_t Linear::local_in() const {
   return options_.parallel_mode == ParallelMode::kRow ? options_.in_features / ctx_.tp_size()
                                                       : options_.in_features;
@@ -223,7 +269,8 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
     bias_added = true;
   }
   Tensor y2({x2.dim(0), local_out()}, x.dtype(), x.device());
-  ctx_.backend->gemm(o.site + "/fwd", x2, false, local_weight(), true, y2, false, epilogue);
+  linear_gemm("fwd", x2, false, QuantRole::kInput, local_weight(), true, QuantRole::kWeight, y2,
+              false, epilogue);
   Shape out_shape = full.shape();
   out_shape.back() = local_out();
   Tensor y = y2.reshape(out_shape);
@@ -267,7 +314,8 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
   const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
 
   Tensor dx2({dy2.dim(0), local_in()}, dy.dtype(), dy.device());
-  ctx_.backend->gemm(o.site + "/dgrad", dy2, false, local_weight(), false, dx2, false);
+  linear_gemm("dgrad", dy2, false, QuantRole::kGradOutput, local_weight(), false,
+              QuantRole::kWeight, dx2, false);
   Tensor dx = dx2;
   if (o.parallel_mode == ParallelMode::kColumn) {
     Shape full_shape = saved.input_shape;
@@ -301,7 +349,8 @@ void Linear::weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local,
   const Tensor input =
       column_sp() && o.save_original_input ? gather_tokens(ctx_, saved.input) : saved.input;
   Tensor dw = gradient_buffer(GradTarget::kWeight);
-  ctx_.backend->gemm(o.site + "/wgrad", dy, true, input, false, dw, true);
+  linear_gemm("wgrad", dy, true, QuantRole::kGradOutput, input, false, QuantRole::kInput, dw,
+              true);
   store_gradient_buffer(GradTarget::kWeight, dw);
   if (!o.bias) return;
   Tensor db = gradient_buffer(GradTarget::kBias);

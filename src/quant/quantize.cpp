@@ -89,6 +89,23 @@ MathClass quant_math_class(Recipe recipe) {
   return MathClass::kFp32;
 }
 
+RecipeTolerance reference_recipe_tolerance(Recipe recipe) {
+  switch (recipe) {
+    case Recipe::kFp8Delayed:
+    case Recipe::kFp8Block:
+    case Recipe::kMxfp8:
+      return {0.125, 0.0625};
+    case Recipe::kNvfp4:
+      return {0.125, 0.12};
+    case Recipe::kFp8Current:
+      return {0.4, 0.25};
+    case Recipe::kNone:
+      break;
+  }
+  TPCHECK_CHECK_INPUT(false, "recipe 'none' has no reference tolerance of its own");
+  return {};
+}
+
 void check_quantizable(std::string_view what, const Shape& shape, Recipe recipe, QuantRole role,
                        QuantUsage usage) {
   TPCHECK_CHECK_INPUT(recipe != Recipe::kNone, "{}: recipe 'none' quantizes nothing", what);

@@ -24,9 +24,10 @@ Summary summarize(const std::vector<CaseResult>& results, std::size_t chosen_pol
 }
 
 void print_header(std::ostream& out, const RunSettings& settings, std::size_t case_count) {
-  fmt::print(out, "tpcheck: suite {} | {} case{} | backend {} | tp {} | seed {} | cpu-gemm {} | policy {}{}\n",
+  fmt::print(out, "tpcheck: suite {} | {} case{} | backend {} | tp {} | seed {} | cpu-gemm {} | policy {}{}{}\n",
              settings.suite, case_count, case_count == 1 ? "" : "s", settings.backend, settings.tp, settings.seed,
              settings.cpu_gemm, policy_name(settings.policies[settings.chosen_policy].kind),
+             settings.recipe == "none" ? "" : " | recipe " + settings.recipe,
              settings.mutation == "none" ? "" : " | mutation " + settings.mutation);
   for (const std::string& note : settings.notes) fmt::print(out, "note: {}\n", note);
 }

@@ -155,6 +155,7 @@ json run_to_json(const std::vector<CaseResult>& results, const RunSettings& sett
                      {"tp", settings.tp},
                      {"seed", settings.seed},
                      {"mutation", settings.mutation},
+                     {"recipe", settings.recipe},
                      {"cpu_gemm", settings.cpu_gemm},
                      {"policy", policy_name(settings.policies[settings.chosen_policy].kind)},
                      {"tolerance_override", compare},

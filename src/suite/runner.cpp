@@ -98,8 +98,9 @@ LayerOutputs to_host(const LayerOutputs& o) {
 }
 
 RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                    const GemmClassRule& rule, Mutation mutation, std::uint64_t seed,
-                    const Execution& execution, Communicator& group, Layouts* layouts) {
+                    const GemmClassRule& rule, Mutation mutation, Recipe recipe,
+                    std::uint64_t seed, const Execution& execution, Communicator& group,
+                    Layouts* layouts) {
   std::unique_ptr<Communicator> wrapped;
   if (execution.wrap_communicator) wrapped = execution.wrap_communicator(group);
   Communicator& comm = wrapped ? *wrapped : group;
@@ -109,6 +110,7 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   backend->set_rank(comm.rank());
   const Device device = backend->device();
   ModuleContext ctx{backend.get(), &comm, seed, mutation};
+  ctx.recipe = recipe;
   std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{c.module, options}, ctx);
 
   // Inputs are generated on the backend's device from global indices; outputs come back
@@ -152,10 +154,11 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
 }
 
 RankResult run_unsharded(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                         const GemmClassRule& rule, std::uint64_t seed,
+                         const GemmClassRule& rule, Recipe recipe, std::uint64_t seed,
                          const Execution& execution, Layouts* layouts) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
-  return run_rank(c, options, dtype, rule, Mutation::kNone, seed, execution, *comm, layouts);
+  return run_rank(c, options, dtype, rule, Mutation::kNone, recipe, seed, execution, *comm,
+                  layouts);
 }
 
 // Stands in for rank 0 of a group of `size` when layers are only constructed (which needs
@@ -221,14 +224,29 @@ void check_case(const SuiteCase& c, const RunConfig& config) {
   // Construction only, shapes only: the CPU backend is enough to build every layer (no
   // GPU work) and no parameter is generated (production sizes would take seconds each).
   std::unique_ptr<Backend> backend = make_cpu_backend();
+  if (config.recipe != Recipe::kNone) {
+    TPCHECK_CHECK_INPUT(config.execution.backend == "cpu",
+                        "--recipe {}: quantized GEMMs run on --backend cpu only so far (the "
+                        "{} backend has no quantized GEMM engine yet); use --backend cpu",
+                        recipe_name(config.recipe), config.execution.backend);
+    // Every quantized activation and gradient is a [tokens, features] matrix of the whole
+    // token count (gathered tensors are quantized after the gather); the weights' shards
+    // are checked by Linear's constructor below.
+    const std::int64_t features = c.input_shape.back();
+    check_quantizable(fmt::format("case {}: input", c.id),
+                      {shape_numel(c.input_shape) / features, features}, config.recipe,
+                      QuantRole::kInput, QuantUsage{true, true});
+  }
   nlohmann::json unsharded = c.options;
   unsharded["sequence_parallel"] = false;
   std::unique_ptr<Communicator> single = make_single_communicator();
-  make_layer(LayerSpec{c.module, unsharded},
-             ModuleContext{backend.get(), single.get(), config.seed, Mutation::kNone, true});
+  ModuleContext single_ctx{backend.get(), single.get(), config.seed, Mutation::kNone, true};
+  single_ctx.recipe = config.recipe;
+  make_layer(LayerSpec{c.module, unsharded}, single_ctx);
   ConstructionOnlyCommunicator group(config.tp);
-  make_layer(LayerSpec{c.module, c.options},
-             ModuleContext{backend.get(), &group, config.seed, config.mutation, true});
+  ModuleContext sharded_ctx{backend.get(), &group, config.seed, config.mutation, true};
+  sharded_ctx.recipe = config.recipe;
+  make_layer(LayerSpec{c.module, c.options}, sharded_ctx);
 }
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
@@ -240,7 +258,8 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   Layouts layouts;
   const Execution& ex = config.execution;
   RankResult single =
-      run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.seed, ex, &layouts);
+      run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.recipe, config.seed, ex,
+                    &layouts);
 
   nlohmann::json truth_options = unsharded;
   truth_options["params_dtype"] = "f64";
@@ -249,7 +268,9 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
     truth.gradients.resize(layouts.param_names.size());
     probed.gradients.resize(layouts.param_names.size());
   } else {
-    truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, ex, nullptr);
+    // Truth never quantizes: it is the exact computation the recipes approximate.
+    truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
+                          config.seed, ex, nullptr);
   }
 
   // The rounding probe: the truth run once more with every stored intermediate perturbed
@@ -265,15 +286,15 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   if (config.skip_truth) {
   } else if (ex.backend == "cpu") {
     ScopedRoundingProbe probe(kProbeU, config.seed);
-    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed,
-                           cpu_execution(), nullptr);
+    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
+                           config.seed, cpu_execution(), nullptr);
   } else {
     Execution probe_ex = ex;
     probe_ex.make_backend = [&ex, seed = config.seed](int rank) {
       return make_rounding_probe_backend(ex.make_backend(rank), kProbeU, seed);
     };
-    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, config.seed, probe_ex,
-                           nullptr);
+    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
+                           config.seed, probe_ex, nullptr);
   }
   auto noise_of = [kProbeU](const Tensor& p, const Tensor& t) {
     if (!t.defined()) return Tensor();
@@ -288,7 +309,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   ex.launch_group(config.tp, [&](Communicator& comm) {
     Layouts* mine = comm.rank() == 0 || ex.one_process_per_rank ? &sharded_layouts : nullptr;
     ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
-                                  config.seed, ex, comm, mine);
+                                  config.recipe, config.seed, ex, comm, mine);
     if (ex.one_process_per_rank && comm.size() > 1) {
       share_results(comm, ex.backend == "cuda" ? Device::kCuda : Device::kCpu, ranks);
     }

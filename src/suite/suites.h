@@ -8,7 +8,8 @@
 
 namespace tpcheck {
 
-Suite make_te_suite(int tp, const SuiteSizes& sizes);
+// recipe: the reference's case changes under a quantized recipe (te_suite.cpp).
+Suite make_te_suite(int tp, const SuiteSizes& sizes, Recipe recipe = Recipe::kNone);
 Suite make_full_suite(int tp, const SuiteSizes& sizes);
 
 }  // namespace tpcheck

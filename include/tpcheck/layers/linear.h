@@ -133,6 +133,16 @@ class Linear {
   // one parameter, or the concatenation of the split parameters' local shards.
   Tensor local_weight() const;
   Tensor local_bias() const;
+  // Under a recipe (ctx_.recipe): `t` with the quantized copy the next GEMM reads (the
+  // rowwise one, or the columnwise one for dgrad's weight and wgrad's operands), quantized
+  // from t's own values; without a recipe, `t` unchanged. `what` names t in errors.
+  Tensor quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
+                            std::string_view what) const;
+  // The GEMM front end the three products go through: gemm, or gemm_quantized under a
+  // recipe (its operands made by quantized_for_gemm).
+  void linear_gemm(std::string_view pass, const Tensor& a, bool trans_a, QuantRole a_role,
+                   const Tensor& b, bool trans_b, QuantRole b_role, Tensor& c, bool accumulate,
+                   const GemmEpilogue& epilogue = {}) const;
   // Adds `sum` ([out_local, ...], concatenated like local_weight()) into the parameters'
   // gradient buffers: main_grad (fuse_wgrad_accumulation, weights only) or grad.
   enum class GradTarget { kWeight, kBias };

@@ -25,6 +25,7 @@
 #include "tpcheck/backend.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/mutation.h"
+#include "tpcheck/quant.h"
 #include "tpcheck/rng.h"
 #include "tpcheck/shard.h"
 #include "tpcheck/tensor.h"
@@ -43,6 +44,10 @@ struct ModuleContext {
   // case before running any, which must stay cheap at production sizes. A layer built so
   // must not run.
   bool shapes_only = false;
+  // The quantized recipe of every Linear GEMM (quant.h; kNone: high precision). Linear
+  // quantizes its input, weight and output gradient as the reference does; attention's
+  // batched products and the norms stay in high precision (docs/QUANTIZATION.md).
+  Recipe recipe = Recipe::kNone;
 
   int tp_size() const { return comm->size(); }
   int rank() const { return comm->rank(); }
