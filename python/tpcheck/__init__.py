@@ -274,7 +274,8 @@ def run(suite: str = "te", tp: int = 4, backend: str = "auto", *, filter: str = 
         comm: str = "auto", comm_order: str = "nccl-ring", rtol: Optional[float] = None,
         atol: Optional[float] = None, hidden: Optional[int] = None, ffn: Optional[int] = None,
         heads: Optional[int] = None, seq: Optional[int] = None, batch: Optional[int] = None,
-        json: Optional[str] = None, quiet: bool = True, echo: bool = False) -> dict[str, Any]:
+        json: Optional[str] = None, quiet: bool = True, echo: bool = False,
+        recipe: str = "none") -> dict[str, Any]:
     """Runs a suite as `tpcheck run` does (same options, same code) and returns its report
     as the JSON has it (schema tpcheck.run/1). `echo` prints the console report. Under
     torchrun (one process per rank, backend cuda) the NCCL id goes through the process
@@ -284,7 +285,7 @@ def run(suite: str = "te", tp: int = 4, backend: str = "auto", *, filter: str = 
         _share_nccl_id_if_torchrun()
     report, console, _passed, _failed, _reports = _tpcheck.run(
         suite, int(tp), backend, filter, policy, int(seed), mutate, cpu_gemm, tf32, gemm_impl,
-        comm, comm_order, rtol, atol, hidden, ffn, heads, seq, batch, json or "", quiet)
+        comm, comm_order, rtol, atol, hidden, ffn, heads, seq, batch, json or "", quiet, recipe)
     if echo and console:
         print(console, end="", flush=True)
     return _json.loads(report)

@@ -382,6 +382,19 @@ def test_run_returns_the_cli_report(tmp_path):
     assert strip(json.loads(path.read_text())) == strip(want)
 
 
+def test_run_with_a_recipe():
+    # fp8_cs at its reference sizes (seq 16, batch 16, hidden 64): the report names the
+    # recipe, the sharded GEMMs are FP8 in the ledger, truth passes.
+    report = tpcheck.run(suite="te", tp=2, backend="cpu", filter="^Linear.column.sp0.default$",
+                         recipe="fp8_cs")
+    assert report["environment"]["recipe"] == "fp8_cs"
+    case = report["cases"][0]
+    assert case["verdicts"]["truth"]["status"] == "pass"
+    assert case["input_shape"] == [16, 64]
+    with pytest.raises(ValueError, match="unknown recipe|recipe 'fp9'|fp9"):
+        tpcheck.run(suite="te", tp=2, backend="cpu", recipe="fp9")
+
+
 def test_run_and_main_errors():
     with pytest.raises(ValueError, match="--tp must be between 1 and 64, got 0"):
         tpcheck.run(tp=0, backend="cpu")
