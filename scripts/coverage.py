@@ -10,7 +10,9 @@ communication steps) and of the CPU collectives (src/comm/thread_group.cpp, comm
     scripts/coverage.py --build build-cov --update-baseline   # after a deliberate change
 
 After the suite, every mutation runs once over MUTATION_CASES (a few full-suite cases
-that reach every mutation's path), so the mutations' code is measured too.
+that reach every mutation's path), so the mutations' code is measured too, and the te
+suite's Linear, LayerNormLinear and LayerNormMLP cases under --recipe fp8_cs (the
+quantized path of Linear).
 Branches are gcov's, without exception-only branches (--exclude-throw-branches) and
 unreachable ones (--exclude-unreachable-branches), and without the lines holding the
 error checks (TPCHECK_CHECK / TPCHECK_CHECK_INPUT: bad input, exercised by tests/layers
@@ -61,6 +63,15 @@ def run_suite(build, tp):
         sys.exit(f"coverage: `{' '.join(cmd)}` exited {proc.returncode}:\n{proc.stdout[-2000:]}"
                  f"{proc.stderr[-2000:]}")
     summary = proc.stdout.strip().splitlines()[-1]
+    # The quantized path of Linear (src/layers/linear.cpp: linear_gemm) under a recipe:
+    # fp8_cs at its reference sizes, every layer with a Linear but TransformerLayer (the
+    # same Linear code, at many times the cost).
+    rcmd = cmd[:2] + ["--suite", "te", "--tp", str(tp), "--quiet", "--recipe", "fp8_cs",
+                      "--filter", r"^(Linear|LayerNormLinear|LayerNormMLP)\."]
+    r = subprocess.run(rcmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"coverage: `{' '.join(rcmd)}` exited {r.returncode}:\n{r.stdout[-2000:]}"
+                 f"{r.stderr[-2000:]}")
     listing = subprocess.run([cmd[0], "mutations"], capture_output=True, text=True, check=True)
     for name in [l.split()[0] for l in listing.stdout.splitlines() if l.strip()]:
         mcmd = cmd[:2] + ["--suite", "full", "--tp", str(tp), "--quiet", "--mutate", name,
@@ -181,7 +192,7 @@ def main():
     if args.update_baseline:
         with open(BASELINE, "w") as f:
             f.write("# Branches of src/layers reached by `tpcheck run --suite full --tp 2` and the\n"
-                    "# mutation runs of scripts/coverage.py\n"
+                    "# mutation and fp8_cs recipe runs of scripts/coverage.py\n"
                     "# (scripts/coverage.py --update-baseline; file|line text|occurrence#branch)\n")
             f.write("\n".join(reached) + "\n")
         print(f"coverage: {len(reached)} reached branches written to {BASELINE}")

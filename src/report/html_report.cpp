@@ -277,9 +277,10 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
   const std::string policy = std::string(policy_name(settings.policies[chosen].kind));
   out << fmt::format(
       "<h1>tpcheck: suite {}, tp {}</h1>\n<p>backend {} | seed {} | cpu-gemm {} | policy "
-      "<b>{}</b>{}</p>\n",
+      "<b>{}</b>{}{}</p>\n",
       escape_html(settings.suite), settings.tp, escape_html(settings.backend), settings.seed,
       escape_html(settings.cpu_gemm), policy,
+      settings.recipe == "none" ? "" : " | recipe <b>" + escape_html(settings.recipe) + "</b>",
       settings.mutation == "none" ? ""
                                   : " | mutation <b>" + escape_html(settings.mutation) + "</b>");
   for (const std::string& n : settings.notes) out << "<p>note: " << escape_html(n) << "</p>\n";
