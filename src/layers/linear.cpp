@@ -196,7 +196,7 @@ void Linear::store_gradient_buffer(GradTarget which, const Tensor& buffer) {
 
 Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
                                   std::string_view what) const {
-  if (ctx_.recipe == Recipe::kNone) return t;
+  // Called by linear_gemm under a recipe only.
   QuantizeOptions q;
   q.recipe = ctx_.recipe;
   q.role = role;
@@ -241,7 +241,7 @@ void Linear::save_input(const Tensor& x, Saved& saved) {
   saved.input = full.reshape({full.numel() / local_in(), local_in()});
 }
 
-LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residual) {
+LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
   const Options& o = options_;
   TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 2 && x.dim(-1) == local_in(),
                       "{}: input {} expected [..., {}] (in_features {}, {} mode, tensor-parallel "
@@ -263,7 +263,7 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
   // Unsharded and column-parallel: the bias goes into the GEMM epilogue (one rounding of
   // x·Wᵀ + b), as the reference passes it to its GEMM. Row-parallel: after the reduction.
   GemmEpilogue epilogue;
-  bool bias_added = false, residual_added = false;
+  bool bias_added = false;
   if (add_bias && !row) {
     epilogue.bias = &bias;
     bias_added = true;
@@ -280,22 +280,11 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved, const Tensor& residu
       ctx_.backend->add_bias(y, bias);  // the bug: every rank adds it
       bias_added = true;
     }
-    if (residual.defined() && ctx_.mutated(Mutation::kResidualBeforeReduce)) {
-      // The bug: every rank adds the whole residual to its partial sum.
-      const Tensor r = o.sequence_parallel ? ctx_.comm->all_gather(residual, 0) : residual;
-      ctx_.backend->accumulate(y, r);
-      residual_added = true;
-    }
     y = reduce_row_output(ctx_, y, o.sequence_parallel);
   }
   LayerOutputs out;
   if (add_bias && !bias_added) ctx_.backend->add_bias(y, bias);
   if (o.bias && o.return_bias) out.bias = bias.clone();
-  if (residual.defined() && !residual_added) {
-    TPCHECK_CHECK(residual.shape() == y.shape(), "{}: residual {} does not match output {}", o.site,
-                  residual.describe(), y.describe());
-    ctx_.backend->accumulate(y, residual);
-  }
   out.output = y;
   return out;
 }

@@ -186,43 +186,6 @@ TEST(Linear, MutationsAreCaught) {
   }
 }
 
-// Row-parallel forward with a residual: correct runs match the unsharded one; under
-// kResidualBeforeReduce every rank adds the residual before the reduction.
-std::vector<double> row_output_with_residual(int tp, bool sp, Mutation mutation) {
-  const Shape out_shape = {8, 12};
-  std::vector<Tensor> outs(tp);
-  auto body = [&](Communicator& comm) {
-    std::unique_ptr<Backend> backend = make_cpu_backend();
-    ModuleContext ctx{backend.get(), &comm, kSeed, mutation};
-    Linear::Options o = Linear::Options::from_json(linear_options("row", sp, {}));
-    Linear layer("", o, ctx);
-    const Tensor x = generate(FillSpec::normal(0, 1), kSeed, "input", kInput, DType::kF64,
-                              layer.input_layout(), comm.rank(), comm.size());
-    const ShardSpec out_spec = layer.output_layout().output;
-    const Tensor residual = generate(FillSpec::normal(0, 1), kSeed, "residual", out_shape,
-                                     DType::kF64, out_spec, comm.rank(), comm.size());
-    Linear::Saved saved;
-    outs[comm.rank()] = layer.forward(x, saved, residual).output;
-  };
-  if (tp == 1) {
-    body(*make_single_communicator());
-  } else {
-    run_thread_group(tp, body);
-  }
-  return assemble_shards(outs, sp ? ShardSpec::along(0) : ShardSpec::replicated()).to_f64();
-}
-
-TEST(Linear, ResidualAddedAfterReduction) {
-  const std::vector<double> single = row_output_with_residual(1, false, Mutation::kNone);
-  for (bool sp : {false, true}) {
-    // f64; only the reduction order differs (measured ~1e-16).
-    EXPECT_LE(relative_error(row_output_with_residual(2, sp, Mutation::kNone), single), 1e-12);
-    EXPECT_GT(
-        relative_error(row_output_with_residual(2, sp, Mutation::kResidualBeforeReduce), single),
-        1e-3);
-  }
-}
-
 TEST(Linear, GemmSites) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
   std::unique_ptr<Backend> backend = make_cpu_backend();

@@ -94,13 +94,9 @@ class Linear {
 
   // x: [..., in] (column/none; SP column: the local token slice along dim 0) or
   // [..., in/N] (row). Output [..., out_local] (row SP: the local token slice).
-  //
-  // `residual` (row mode, optional; used by TransformerLayer): a tensor shaped like the
-  // output that is added to it — after the reduction and after the bias, or, under
-  // Mutation::kResidualBeforeReduce, to the local partial sum before the reduction (the
-  // bug; under SP the residual is all-gathered first so every rank adds all of it).
-  // A parent that passes it must not add the residual itself.
-  LayerOutputs forward(const Tensor& x, Saved& saved, const Tensor& residual = Tensor());
+  // (TransformerLayer adds its residuals itself, in combine(), where the
+  // residual-before-reduce mutation lives.)
+  LayerOutputs forward(const Tensor& x, Saved& saved);
   // Returns dx (shape of forward's x). Accumulates weight/bias gradients unless
   // delay_wgrad_compute, in which case it keeps what backward_dw needs in `saved`.
   Tensor backward(const OutputGrads& grads, Saved& saved);
