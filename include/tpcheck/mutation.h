@@ -7,8 +7,8 @@
 // Thread safety: values.
 #pragma once
 
+#include <span>
 #include <string_view>
-#include <vector>
 
 namespace tpcheck {
 
@@ -40,7 +40,7 @@ struct MutationInfo {
 };
 
 // Every mutation except kNone, in a stable order.
-const std::vector<MutationInfo>& all_mutations();
+std::span<const MutationInfo> all_mutations();
 std::string_view mutation_name(Mutation m);  // "none" for kNone
 // Throws Error(kInput) naming the text and listing the accepted names.
 Mutation parse_mutation(std::string_view name);

@@ -3,6 +3,10 @@
 // Adding a kind: one `if` line in make_layer and its name in layer_kinds().
 #include "tpcheck/layers/any_layer.h"
 
+#include <fmt/ranges.h>
+
+#include <array>
+
 #include "tpcheck/error.h"
 #include "tpcheck/layers/attention.h"
 #include "tpcheck/layers/layernorm.h"
@@ -57,8 +61,8 @@ LayerNorm::Options norm_options(const LayerSpec& spec, NormKind kind) {
 
 }  // namespace
 
-const std::vector<std::string>& layer_kinds() {
-  static const std::vector<std::string> kKinds = {
+std::span<const std::string_view> layer_kinds() {
+  static constexpr std::array<std::string_view, 7> kKinds = {
       "Linear",       "LayerNorm",          "RMSNorm",         "LayerNormLinear",
       "LayerNormMLP", "MultiheadAttention", "TransformerLayer"};
   return kKinds;
@@ -77,9 +81,8 @@ std::unique_ptr<AnyLayer> make_layer(const LayerSpec& spec, const ModuleContext&
     return adapt<MultiheadAttention>(MultiheadAttention::Options::from_json(spec.options), ctx);
   if (k == "TransformerLayer")
     return adapt<TransformerLayer>(TransformerLayer::Options::from_json(spec.options), ctx);
-  std::string kinds;
-  for (const std::string& name : layer_kinds()) kinds += (kinds.empty() ? "" : ", ") + name;
-  TPCHECK_CHECK_INPUT(false, "unknown layer kind '{}'; expected one of: {}", k, kinds);
+  TPCHECK_CHECK_INPUT(false, "unknown layer kind '{}'; expected one of: {}", k,
+                      fmt::join(layer_kinds(), ", "));
   return nullptr;  // unreachable
 }
 

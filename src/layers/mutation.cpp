@@ -3,14 +3,16 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <string>
 
 #include "tpcheck/error.h"
 
 namespace tpcheck {
 
-const std::vector<MutationInfo>& all_mutations() {
-  static const std::vector<MutationInfo> kAll = {
+std::span<const MutationInfo> all_mutations() {
+  // constexpr: no construction at run time, nothing to guard.
+  static constexpr std::array<MutationInfo, 16> kAll = {{
       {Mutation::kNoRowAllReduce, "no-row-allreduce",
        "row-parallel output not reduced: each rank keeps its partial sum"},
       {Mutation::kDoubleAllReduce, "double-allreduce", "row-parallel output all-reduced twice"},
@@ -42,7 +44,7 @@ const std::vector<MutationInfo>& all_mutations() {
        "GQA: local query head i uses key/value group i mod groups (repeat, not repeat_interleave)"},
       {Mutation::kWindowOffset, "window-offset",
        "sliding-window mask (no_mask with bounds) shifted one token on ranks other than 0"},
-  };
+  }};
   return kAll;
 }
 

@@ -110,7 +110,8 @@ TEST(FullSuite, IdsAreUniqueAndTheSameAtTp2To8) {
 
 TEST(FullSuite, EveryLayerInEveryDtypeWithAndWithoutSequenceParallel) {
   const Suite s = make_suite("full", 2, SuiteSizes{});
-  for (const std::string& module : layer_kinds()) {
+  for (std::string_view kind : layer_kinds()) {
+    const std::string module(kind);
     EXPECT_EQ(pairs(s, module, "dtype", "sp", 2), product(kDtypes, kSp)) << module;
   }
 }

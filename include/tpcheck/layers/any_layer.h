@@ -9,7 +9,9 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tpcheck/layers/module.h"
@@ -40,7 +42,7 @@ class AnyLayer {
 };
 
 // The kinds make_layer knows, in a stable order.
-const std::vector<std::string>& layer_kinds();
+std::span<const std::string_view> layer_kinds();
 
 // Throws Error(kInput) for an unknown kind (listing the kinds) or bad options.
 std::unique_ptr<AnyLayer> make_layer(const LayerSpec& spec, const ModuleContext& ctx);
