@@ -171,6 +171,10 @@ struct CaseResult {
 
 CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const JudgeConfig& config);
 
+// The u a GEMM math class contributes to the truth policy's error model (quantized
+// classes: their f32 accumulation; judge.cpp says why).
+double math_class_unit_roundoff(MathClass c);
+
 // Index of the tensor that decides the case under policy `p` (the first failing one, else
 // the one with the largest sharded-vs-single norm-wise difference); -1 if none.
 int worst_tensor(const CaseResult& result, std::size_t p);

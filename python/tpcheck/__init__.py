@@ -7,6 +7,7 @@
     t = tpcheck.truth("LayerNormMLP", {"hidden_size": 64, "ffn_hidden_size": 256},
                       module.state_dict(), x, grad_output=dy)
     report = tpcheck.run(suite="te", tp=2, backend="cpu")   # the JSON report as a dict
+    with tpcheck.trace() as t: ...          # the cuBLASLt calls of any library in the block
 
 Arrays are anything that speaks DLPack (PyTorch, numpy, JAX, CuPy), on the CPU or a CUDA
 GPU, read in place (no copies): float64, float32, float16, bfloat16, float8_e4m3fn,
@@ -21,9 +22,10 @@ from typing import Any, Mapping, Optional
 
 from . import _tpcheck
 from ._launch import share_nccl_id_if_torchrun as _share_nccl_id_if_torchrun
+from ._trace import Trace, loaded_cublaslt, trace
 
 __all__ = ["Verdict", "TruthResult", "compare", "assert_close", "truth", "layer_parameters",
-           "run", "policies"]
+           "run", "policies", "trace", "Trace", "loaded_cublaslt"]
 
 _DTYPE_ALIASES = {
     "float64": "f64", "double": "f64", "f64": "f64",

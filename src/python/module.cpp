@@ -7,6 +7,9 @@
 //   run(...)            the CLI's run_suite; the JSON report as a string and the console
 //   main(argv)          the whole CLI (`python -m tpcheck ...`), its exit code
 //   make_nccl_id(), set_process_nccl_id(bytes)   the NCCL id through torchrun's store
+//   trace_ledger(logs, pid, query), trace_summary(ledger), trace_diff(a, b)
+//                       tpcheck.trace(): cuBLASLt logs → a ledger (tpcheck.trace/1), its
+//                       summary and the difference of two, through the forensics parser
 // Errors: tpcheck's Error(kInput) → ValueError, other Errors → RuntimeError; bad arrays
 // → TypeError / ValueError (dlpack.h). Long work runs with the GIL released.
 #include <nanobind/nanobind.h>
@@ -27,11 +30,14 @@
 #include "python/dlpack.h"
 #include "python/truth.h"
 #include "tpcheck/cuda_backend.h"
+#include "tpcheck/cublaslt_log.h"
 #include "tpcheck/cuda_comm.h"
 #include "tpcheck/device.h"
 #include "tpcheck/error.h"
 #include "tpcheck/gemm_record.h"
+#include "tpcheck/ledger_diff.h"
 #include "tpcheck/numerics.h"
+#include "tpcheck/suite.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -297,15 +303,51 @@ void set_process_nccl_id_bytes(nb::bytes bytes) {
   set_process_nccl_id(id);
 }
 
-double math_class_u(const std::string& name) {
-  switch (parse_math_class(name)) {
-    case MathClass::kFp64: return dtype_unit_roundoff(DType::kF64);
-    case MathClass::kFp32: return dtype_unit_roundoff(DType::kF32);
-    case MathClass::kTf32: return dtype_unit_roundoff(DType::kF16);  // 10 mantissa bits
-    case MathClass::kBf16: return dtype_unit_roundoff(DType::kBF16);
-    case MathClass::kFp16: return dtype_unit_roundoff(DType::kF16);
+// tpcheck.trace(): the logs the process's cuBLASLt copies wrote during the `with` block
+// (one file per loaded copy: PyTorch's and tpcheck's own may be two libraries), one ledger
+// process per file, in the schema `tpcheck trace` writes, so `tpcheck diff` reads it too.
+std::string trace_ledger(const std::vector<std::string>& logs, int pid, bool query) {
+  TPCHECK_CHECK_INPUT(!query || cublaslt_query_available(),
+                      "query=True needs tpcheck built with CUDA (this build has TPCHECK_CUDA=OFF)");
+  TraceLedger ledger;
+  ledger.command = {"tpcheck.trace() in python"};
+  for (const std::string& path : logs) {
+    CublasLtLog log = read_cublaslt_log(path);
+    TraceProcess p;
+    p.pid = pid;
+    p.log = path;
+    p.calls = std::move(log.calls);
+    p.problems = std::move(log.problems);
+    if (query) query_numerical_impls(p.calls);
+    ledger.processes.push_back(std::move(p));
   }
-  return 0;
+  ledger.environment = {{"devices", query_devices().description}};
+  return trace_to_json(ledger).dump();
+}
+
+std::vector<CublasLtCall> all_calls(const std::string& ledger_json, const char* what) {
+  const TraceLedger ledger = trace_from_json(nlohmann::json::parse(ledger_json), what);
+  std::vector<CublasLtCall> calls;
+  for (const TraceProcess& p : ledger.processes) calls.insert(calls.end(), p.calls.begin(), p.calls.end());
+  return calls;
+}
+
+// GEMM count by shape, algorithm and numerical class, over every process of the ledger.
+std::string trace_summary(const std::string& ledger_json) {
+  return format_call_summary(all_calls(ledger_json, "trace"));
+}
+
+// The calls of two ledgers aligned and compared (as `tpcheck logdiff`); the text and
+// whether anything differs.
+std::pair<std::string, bool> trace_diff(const std::string& a_json, const std::string& b_json,
+                                        const std::string& label_a, const std::string& label_b) {
+  const CublasLtDiff d = diff_cublaslt_calls(all_calls(a_json, "this trace"),
+                                             all_calls(b_json, "the other trace"));
+  return {format_cublaslt_diff(d, label_a, label_b), d.any()};
+}
+
+double math_class_u(const std::string& name) {
+  return math_class_unit_roundoff(parse_math_class(name));
 }
 
 }  // namespace
@@ -346,6 +388,12 @@ NB_MODULE(_tpcheck, m) {
         "name"_a, "Unit roundoff of a storage dtype ('f32', 'bf16', ...).");
   m.def("math_class_unit_roundoff", &math_class_u, "name"_a,
         "Unit roundoff of a GEMM math class ('fp32', 'tf32', 'bf16', 'fp16', 'fp64').");
+  m.def("trace_ledger", &trace_ledger, "logs"_a, "pid"_a, "query"_a,
+        "cuBLASLt log files → a trace ledger (JSON, schema tpcheck.trace/1).");
+  m.def("trace_summary", &trace_summary, "ledger"_a,
+        "GEMM count by shape, algorithm and numerical class of a trace ledger.");
+  m.def("trace_diff", &trace_diff, "a"_a, "b"_a, "label_a"_a, "label_b"_a,
+        "Two trace ledgers' calls aligned and compared: (text, anything differs).");
   m.def("policy_names", &tpcheck::policy_names, "The policies compare accepts.");
   m.def("cuda_devices", [] { return tpcheck::query_devices().cuda_devices; },
         "GPUs this build can use (0 when built without CUDA).");

@@ -4,7 +4,6 @@
 #include "tpcheck/suite.h"
 
 namespace tpcheck {
-namespace {
 
 double math_class_unit_roundoff(MathClass c) {
   switch (c) {
@@ -27,6 +26,8 @@ double math_class_unit_roundoff(MathClass c) {
   }
   return 0;
 }
+
+namespace {
 
 // The truth policy's error model for this case (see TruthPolicyParams): u is the larger of
 // the storage dtype's unit roundoff and that of the coarsest GEMM class either run used;
