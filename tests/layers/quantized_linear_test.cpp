@@ -6,10 +6,17 @@
 //     bit for bit against numpy and ml_dtypes in tests/python/test_quant_conformance.py);
 //   * the result differs from the unquantized product by about the format's rounding (so
 //     quantization happened) and the ledger records the recipe's class and formats;
-//   * the weight shard's sizes are checked at construction, naming the multiple.
+//   * the weight shard's sizes are checked at construction, naming the multiple;
+//   * the reference's two special checks, in tpcheck's terms: a gathered tensor's
+//     per-tensor scale_inv is single's, an outlier on the last rank included (current
+//     scaling); quantizing every shard with the group's amax and concatenating gives
+//     the bytes and scales of quantizing the gathered tensor (what the reference's
+//     quantized all-gather must produce, and what tpcheck's gather-then-quantize is).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "layers/layer_test_support.h"
 #include "tpcheck/error.h"
@@ -150,6 +157,157 @@ TEST(QuantizedLinear, WeightShardThatDoesNotFitTheBlocksIsRejectedAtConstruction
     EXPECT_NE(what.find("weight"), std::string::npos) << what;
     EXPECT_NE(what.find("48"), std::string::npos) << what;
     EXPECT_NE(what.find("multiple of 32"), std::string::npos) << what;
+  }
+}
+
+// Keeps the scale_inv of operand A of every quantized GEMM, by site (one rank).
+class ScaleRecorder : public BackendWrapper {
+ public:
+  explicit ScaleRecorder(Backend& target) : BackendWrapper(target) {}
+  std::map<std::string, std::vector<double>> a_scale_inv;
+
+ protected:
+  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override {
+    const Tensor& s = p.a_columnwise ? p.a->columnwise_scale_inv : p.a->rowwise_scale_inv;
+    a_scale_inv[std::string(p.site)] = s.to_f64();
+    BackendWrapper::run_gemm_quantized(p, record);
+  }
+};
+
+// A Linear under fp8_cs at `tp` ranks with SP; the scale_inv operand A had at `site` on
+// each rank. x and dy carry one outlier (1e4) in the last rank's last row.
+std::vector<std::vector<double>> scale_inv_per_rank(const std::string& mode, int tp,
+                                                    const std::string& site) {
+  constexpr std::int64_t kT = 64, kH = 64;
+  std::vector<std::vector<double>> per_rank(tp);
+  std::mutex mu;
+  auto body = [&](Communicator& comm) {
+    std::unique_ptr<Backend> cpu = make_cpu_backend();
+    ScaleRecorder backend(*cpu);
+    ModuleContext ctx{&backend, &comm, kSeed, Mutation::kNone};
+    ctx.recipe = Recipe::kFp8Current;
+    Linear layer("", Linear::Options::from_json({{"in_features", kH},
+                                                 {"out_features", kH},
+                                                 {"parallel_mode", mode},
+                                                 {"sequence_parallel", tp > 1},
+                                                 {"params_dtype", "f32"}}),
+                 ctx);
+    const int r = comm.rank(), n = comm.size();
+    auto with_outlier = [&](const char* name, const ShardSpec& spec) {
+      Tensor t = generate(FillSpec::normal(0.0, 1.0), kSeed, name, {kT, kH}, DType::kF32, spec, r, n);
+      if (r == n - 1) {
+        std::vector<double> v = t.to_f64();
+        v.back() = 1e4;
+        t = Tensor::from_f64(v, t.shape(), DType::kF32);
+      }
+      return t;
+    };
+    const Tensor x = with_outlier("x", layer.input_layout());
+    const Tensor dy = with_outlier("dy", layer.output_layout().output);
+    Linear::Saved saved;
+    layer.forward(x, saved);
+    layer.backward(OutputGrads{dy, Tensor(), Tensor()}, saved);
+    std::lock_guard<std::mutex> lock(mu);
+    per_rank[r] = backend.a_scale_inv.at(site);
+  };
+  if (tp == 1) {
+    body(*make_single_communicator());
+  } else {
+    run_thread_group(tp, body);
+  }
+  return per_rank;
+}
+
+// The reference checks that its current-scaling quantizer's scale_inv is the same in the
+// sharded and the single run, with one 1e4 outlier in the input. Here: the column-parallel
+// input under SP and the row-parallel output gradient under SP are gathered, then
+// quantized, so every rank's scale_inv equals single's, the outlier's rank or not. (The
+// outlier's last row on the last rank is the last row of the global tensor, so single
+// sees it too.)
+TEST(QuantizedLinear, CurrentScalingScaleOfGatheredTensorsIsSingles) {
+  for (const auto& [mode, site] : {std::pair<std::string, std::string>{"column", "linear/fwd"},
+                                   {"row", "linear/dgrad"}}) {
+    SCOPED_TRACE(mode + " " + site);
+    const std::vector<double> single = scale_inv_per_rank(mode, 1, site).at(0);
+    ASSERT_EQ(single.size(), 1u);
+    // The outlier sets the scale: E4M3 448 / 1e4, E5M2 57344 / 1e4 — scale_inv ≈ 1e4 / fmax.
+    EXPECT_GT(single[0], 1e4 / 57344.0 * 0.99);
+    for (int tp : {2, 4}) {
+      const auto ranks = scale_inv_per_rank(mode, tp, site);
+      for (int r = 0; r < tp; ++r) EXPECT_EQ(ranks[r], single) << "tp " << tp << " rank " << r;
+    }
+  }
+  // The check has teeth: a shard quantized on its own (rank 0 of 2, without the outlier)
+  // gets another scale.
+  QuantizeOptions o;
+  o.recipe = Recipe::kFp8Current;
+  o.usage = QuantUsage{true, false};
+  const Tensor x0 = generate(FillSpec::normal(0.0, 1.0), kSeed, "x", {64, 64}, DType::kF32,
+                             ShardSpec::along(0), 0, 2);
+  const std::vector<double> own = quantize(x0, o)->rowwise_scale_inv.to_f64();
+  EXPECT_LT(own[0], scale_inv_per_rank("column", 1, "linear/fwd").at(0)[0] / 100);
+}
+
+// The reference checks that NVFP4's quantized all-gather gives the data and scales of
+// quantizing the gathered tensor. tpcheck gathers in high precision and quantizes after,
+// which is the same exactly when quantizing each shard with the group's amax and
+// concatenating gives those bytes: checked here for every recipe that reduces the amax
+// (per-tensor FP8 current scaling, NVFP4) and for the block recipes (no amax), rowwise and
+// columnwise copies, shards of 64 rows (a multiple of every block height).
+TEST(QuantizedLinear, QuantizingShardsWithTheGroupAmaxEqualsQuantizingTheGatheredTensor) {
+  constexpr int kRanks = 4;
+  constexpr std::int64_t kRowsPerRank = 128, kCols = 256;
+  Tensor full = generate(FillSpec::normal(0.0, 1.0), kSeed, "activation",
+                         {kRanks * kRowsPerRank, kCols}, DType::kF32);
+  {
+    std::vector<double> v = full.to_f64();
+    v[v.size() - 1] = 1e4;  // the outlier on the last rank
+    full = Tensor::from_f64(v, full.shape(), DType::kF32);
+  }
+  for (Recipe recipe : {Recipe::kFp8Current, Recipe::kNvfp4, Recipe::kMxfp8, Recipe::kFp8Block}) {
+    SCOPED_TRACE(std::string(recipe_name(recipe)));
+    QuantizeOptions o;
+    o.recipe = recipe;
+    o.role = QuantRole::kInput;
+    o.usage = QuantUsage{true, true};
+    const std::shared_ptr<QuantizedData> whole = quantize(full, o);
+    std::vector<std::shared_ptr<QuantizedData>> shards;
+    o.amax = whole->amax.to_f64()[0];  // the max-reduction of the shards' amaxes
+    float reduced = 0;
+    for (int r = 0; r < kRanks; ++r) {
+      shards.push_back(quantize(full.slice(0, r * kRowsPerRank, kRowsPerRank), o));
+      reduced = std::max(reduced, static_cast<float>(shards.back()->amax.to_f64()[0]));
+    }
+    EXPECT_EQ(reduced, whole->amax.to_f64()[0]) << "the reduction of the shards' amaxes";
+    if (recipe == Recipe::kFp8Current || recipe == Recipe::kNvfp4) {
+      // Teeth: without the reduction, rank 0's scales differ from the gathered tensor's.
+      QuantizeOptions own = o;
+      own.amax.reset();
+      const auto q0 = quantize(full.slice(0, 0, kRowsPerRank), own);
+      EXPECT_FALSE(bitwise_equal(q0->rowwise_scale_inv,
+                                 whole->block.empty()
+                                     ? whole->rowwise_scale_inv
+                                     : whole->rowwise_scale_inv.slice(0, 0, kRowsPerRank)));
+    }
+    std::vector<Tensor> data, scales, col_data, col_scales;
+    for (const auto& q : shards) {
+      data.push_back(q->rowwise_data);
+      scales.push_back(q->rowwise_scale_inv);
+      col_data.push_back(q->columnwise_data);
+      col_scales.push_back(q->columnwise_scale_inv);
+    }
+    EXPECT_TRUE(bitwise_equal(Tensor::cat(data, 0), whole->rowwise_data));
+    EXPECT_TRUE(bitwise_equal(Tensor::cat(col_data, 1), whole->columnwise_data));
+    const bool per_tensor = whole->block.empty();
+    if (per_tensor) {
+      for (const auto& q : shards) {
+        EXPECT_TRUE(bitwise_equal(q->rowwise_scale_inv, whole->rowwise_scale_inv));
+        EXPECT_TRUE(bitwise_equal(q->columnwise_scale_inv, whole->columnwise_scale_inv));
+      }
+    } else {
+      EXPECT_TRUE(bitwise_equal(Tensor::cat(scales, 0), whole->rowwise_scale_inv));
+      EXPECT_TRUE(bitwise_equal(Tensor::cat(col_scales, 1), whole->columnwise_scale_inv));
+    }
   }
 }
 
