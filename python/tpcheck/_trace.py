@@ -28,11 +28,14 @@ from typing import Any, Optional
 
 from . import _tpcheck
 
-_LIBC = ctypes.CDLL(None)
+_LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.fopen.restype = ctypes.c_void_p
 _LIBC.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
 _LIBC.fflush.argtypes = [ctypes.c_void_p]
 _LIBC.fclose.argtypes = [ctypes.c_void_p]
+
+# cuBLASLt has one logger per loaded copy: a second block would take it from the first.
+_active = False
 
 
 def loaded_cublaslt() -> list[str]:
@@ -148,6 +151,10 @@ class trace:  # noqa: N801 — used as `with tpcheck.trace() as t:`
         self._trace: Optional[Trace] = None
 
     def __enter__(self) -> Trace:
+        global _active
+        if _active:
+            raise RuntimeError("tpcheck.trace() blocks cannot be nested or overlap: cuBLASLt "
+                               "has one logger per process")
         libraries = loaded_cublaslt()
         if not libraries:
             raise RuntimeError("no libcublasLt is loaded in this process: import the library "
@@ -156,6 +163,7 @@ class trace:  # noqa: N801 — used as `with tpcheck.trace() as t:`
         directory = self._directory or tempfile.mkdtemp(prefix="tpcheck-trace-")
         os.makedirs(directory, exist_ok=True)
         self._trace = Trace(self._level, self._query, directory)
+        _active = True
         try:
             for i, path in enumerate(libraries):
                 logger = _Logger(path)
@@ -174,6 +182,8 @@ class trace:  # noqa: N801 — used as `with tpcheck.trace() as t:`
         self._loggers = []
 
     def _stop(self) -> None:
+        global _active
+        _active = False
         try:
             level_after = int(os.environ.get("CUBLASLT_LOG_LEVEL", "0"))
         except ValueError:

@@ -136,6 +136,10 @@ def test_errors(monkeypatch, stub):
         with pytest.raises(ValueError, match="built with CUDA"):
             with tpcheck.trace(query=True):
                 pass
+    with tpcheck.trace():
+        with pytest.raises(RuntimeError, match="cannot be nested"):
+            with tpcheck.trace():
+                pass
     monkeypatch.setattr(_trace, "loaded_cublaslt", lambda: [])
     with pytest.raises(RuntimeError, match="no libcublasLt is loaded"):
         with tpcheck.trace():
