@@ -155,6 +155,9 @@ TEST_F(SafetensorsTest, HeaderLengthLargerThanFile) {
 
 TEST_F(SafetensorsTest, InvalidJson) {
   expect_input_error(write_raw("bad.safetensors", "{\"w\": {\"dtype\": ", ""), {"not valid JSON"});
+  // A number beyond double's range: nlohmann throws out_of_range (406), not parse_error.
+  expect_input_error(write_raw("huge.safetensors", "{\"w\": 1e999}", ""),
+                     {"not valid JSON", "number overflow"});
 }
 
 TEST_F(SafetensorsTest, HeaderNotAnObject) {
