@@ -22,6 +22,7 @@
 #include <iostream>
 #include <string>
 
+#include "layers/layer_test_support.h"  // expect_input_error
 #include "suite/suite_run_support.h"
 #include "tpcheck/error.h"
 #include "tpcheck/quant.h"
@@ -212,15 +213,8 @@ TEST(RecipeSuite, ShapesARecipeCannotQuantizeAreRejectedBeforeRunning) {
   sizes.seq = 24;
   const Suite suite = make_suite("te", 2, sizes, Recipe::kMxfp8);
   const SuiteCase c = cases_matching(suite, "LayerNormLinear.column.sp0.default").front();
-  try {
-    check_case(c, config_for(Recipe::kMxfp8, Mutation::kNone, 1234));
-    FAIL() << "expected an input error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInput);
-    const std::string what = e.what();
-    EXPECT_NE(what.find("24"), std::string::npos) << what;
-    EXPECT_NE(what.find("multiple of 32"), std::string::npos) << what;
-  }
+  expect_input_error([&] { check_case(c, config_for(Recipe::kMxfp8, Mutation::kNone, 1234)); },
+                     {"24", "multiple of 32"});
 }
 
 }  // namespace
