@@ -3,11 +3,14 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <fstream>
 #include <iostream>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "cli/explain.h"
 #include "cli/log_tools.h"
@@ -150,8 +153,12 @@ int cli_main(int argc, char** argv) {
   } catch (const Error& e) {
     fmt::print(stderr, "tpcheck: error: {}\n", e.what());
     if (e.kind() == ErrorKind::kInput) return kExitUsage;
-    if (!e.where().empty()) fmt::print(stderr, "  (at {}{})\n", e.where(),
-                                      e.rank() >= 0 ? fmt::format(", rank {}", e.rank()) : "");
+    if (!e.where().empty() || e.rank() >= 0) {
+      std::vector<std::string> context;
+      if (!e.where().empty()) context.push_back("at " + e.where());
+      if (e.rank() >= 0) context.push_back(fmt::format("rank {}", e.rank()));
+      fmt::print(stderr, "  ({})\n", fmt::join(context, ", "));
+    }
     return kExitRuntime;
   } catch (const std::exception& e) {
     fmt::print(stderr, "tpcheck: error: {}\n", e.what());

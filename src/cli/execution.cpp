@@ -1,8 +1,11 @@
 // execution.cpp — see execution.h.
 #include "cli/execution.h"
 
+#include <atomic>
+#include <cstdio>
 #include <memory>
 #include <optional>
+#include <regex>
 
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/cuda_comm.h"
@@ -112,8 +115,12 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
       o.device = rank;
       return make_cuda_backend(o);
     };
-    e.launch_group = [](int world, const std::function<void(Communicator&)>& body) {
-      run_nccl_group(world, body);
+    // One group for the whole run: NCCL's initialization once, not once per case.
+    auto group = std::make_shared<NcclThreadGroup>(tp);
+    e.launch_group = [group](int world, const std::function<void(Communicator&)>& body) {
+      TPCHECK_CHECK(world == group->size(), "the NCCL group has {} ranks, a run asked for {}",
+                    group->size(), world);
+      group->run(body);
     };
   } else {
     e.communicator = TPCHECK_FORMAT("emulated on GPU 0 ({})", comm_order_name(order));
@@ -141,6 +148,36 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
   settings.environment["communicator"] = e.communicator;
   settings.environment["comm_order"] = nccl ? "nccl" : std::string(comm_order_name(order));
   return out;
+}
+
+void inject_failure(Execution& execution, const std::string& spec, int tp) {
+  std::smatch m;
+  const std::regex form(R"(^(\d{1,4})@(\d{1,9})$)");
+  TPCHECK_CHECK_INPUT(std::regex_match(spec, m, form),
+                      "--inject-failure '{}': expected RANK@RUN (e.g. 1@20: rank 1 throws at the "
+                      "start of the 20th sharded run)",
+                      spec);
+  const int rank = std::stoi(m[1].str());
+  const long run = std::stol(m[2].str());
+  TPCHECK_CHECK_INPUT(rank < tp, "--inject-failure '{}': rank {} does not exist at --tp {} (0..{})",
+                      spec, rank, tp, tp - 1);
+  TPCHECK_CHECK_INPUT(run >= 1, "--inject-failure '{}': runs are counted from 1", spec);
+  auto launches = std::make_shared<std::atomic<long>>(0);
+  execution.launch_group = [inner = execution.launch_group, rank, run, launches](
+                               int world, const std::function<void(Communicator&)>& body) {
+    const long this_run = ++*launches;
+    inner(world, [&](Communicator& comm) {
+      if (this_run == run && comm.rank() == rank) {
+        std::fprintf(stderr, "tpcheck: --inject-failure: rank %d throws now (sharded run %ld)\n",
+                     rank, run);
+        std::fflush(stderr);
+        throw Error(ErrorKind::kRuntime,
+                    TPCHECK_FORMAT("rank {}: injected failure (--inject-failure {}@{})", rank, rank, run), {},
+                    rank);
+      }
+      body(comm);
+    });
+  };
 }
 
 }  // namespace tpcheck

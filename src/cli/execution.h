@@ -16,6 +16,7 @@ struct ExecutionArgs {
   std::string gemm_impl = "any";    // cuda: any | tensor-core | fma
   std::string comm = "auto";        // cuda: auto | emulated | nccl
   std::string comm_order = "nccl-ring";  // cuda emulated: nccl-ring | rank
+  std::string inject_failure;       // testing: "RANK@RUN" (inject_failure below), "" = none
 };
 
 // Validates the options (Error(kInput) naming the bad value), resolves `auto`, and fills
@@ -29,5 +30,13 @@ struct ResolvedExecution {
 };
 ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const GemmClassRule& cpu_rule,
                                     bool cpu_gemm_given, RunSettings& settings);
+
+// Testing hook behind --inject-failure RANK@RUN (hidden from --help): wraps the launcher
+// so that rank RANK throws at the start of the RUN-th sharded run (counted from 1), after
+// printing "tpcheck: --inject-failure: rank R throws now ..." to stderr, flushed, so a
+// script can time how long the other ranks take to end. Used by the fault tests (CPU
+// threads here; NCCL threads and mpirun processes in tests/gpu/run_x2.sh). A spec that is
+// not RANK@RUN with 0 <= RANK < tp and RUN >= 1 is Error(kInput) naming it.
+void inject_failure(Execution& execution, const std::string& spec, int tp);
 
 }  // namespace tpcheck

@@ -30,6 +30,10 @@ void add_case_options(CLI::App* cmd, RunArgs& a) {
       "--comm-order", a.execution.comm_order,
       "cuda emulated collectives: nccl-ring (default: NCCL's ring order and rounding) or rank");
   cmd->add_option("--tp", a.tp, "tensor-parallel size (thread ranks on the CPU)");
+  // Not in --help: a testing hook for the fault tests (execution.h, inject_failure).
+  cmd->add_option("--inject-failure", a.execution.inject_failure,
+                  "testing: RANK@RUN makes rank RANK throw at the start of the RUN-th sharded run")
+      ->group("");
   cmd->add_option("--suite", a.suite,
                   "full (default: every sharded path) or te (the reference's 118-case matrix)");
   cmd->add_option("--policy", a.policy, "te, allclose, truth (default) or bitwise");
@@ -121,6 +125,8 @@ PreparedRun prepare_run(const RunArgs& a) {
   const ResolvedExecution resolved =
       resolve_execution(a.execution, a.tp, rule, cpu_gemm_given, settings);
   p.config = RunConfig{a.tp, a.seed, mutation, resolved.gemm_rule, resolved.execution};
+  if (!a.execution.inject_failure.empty())
+    inject_failure(p.config.execution, a.execution.inject_failure, a.tp);
   p.config.recipe = recipe;
   p.judge = JudgeConfig{settings.policies, settings.compare};
   p.reports = resolved.reports;

@@ -25,6 +25,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(int, int, int, const NcclId
 void run_nccl_group(int, const std::function<void(Communicator&)>&, NcclOptions) {
   unavailable("NCCL group");
 }
+struct NcclThreadGroup::State {};
+NcclThreadGroup::NcclThreadGroup(int world, NcclOptions) : world_(world) { unavailable("NCCL group"); }
+NcclThreadGroup::~NcclThreadGroup() = default;
+void NcclThreadGroup::run(const std::function<void(Communicator&)>&) { unavailable("NCCL group"); }
 std::unique_ptr<Communicator> connect_nccl_process_group(const NcclProcessLaunch&, NcclOptions) {
   unavailable("NCCL process group (mpirun / torchrun)");
 }

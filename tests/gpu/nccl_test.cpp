@@ -79,6 +79,31 @@ TEST(Nccl, OneRankThroughRunNcclGroup) {
   EXPECT_STREQ(std::getenv("NCCL_NVLS_ENABLE"), "0");
 }
 
+// The kept group (--comm nccl's launcher): the communicator made on the first run is the
+// one every later run gets; after a failed run the group refuses to run again.
+TEST(Nccl, KeptGroupReusesItsCommunicatorAndRefusesAfterAFailure) {
+  if (gpu_count() < 1) GTEST_SKIP() << "no GPU";
+  NcclThreadGroup group(1);
+  std::vector<const Communicator*> seen;
+  for (int run = 0; run < 3; ++run) {
+    group.run([&](Communicator& comm) {
+      seen.push_back(&comm);
+      comm.clear_comm_ledger();  // the kept communicator's ledger spans runs (the runner clears it per case)
+      check_group_of_one(comm);
+    });
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0], seen[1]);
+  EXPECT_EQ(seen[1], seen[2]);
+  EXPECT_THROW(group.run([](Communicator&) { throw std::runtime_error("injected"); }), Error);
+  try {
+    group.run([](Communicator&) { ADD_FAILURE() << "ran after a failed run"; });
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("an earlier run failed"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Nccl, OneRankThroughProcessGroup) {
   if (gpu_count() < 1) GTEST_SKIP() << "no GPU";
   NcclProcessLaunch launch;
@@ -163,6 +188,48 @@ TEST(Nccl, TwoGpusMatchEmulatedRingBitForBit) {
       for (int r = 0; r < 2; ++r) EXPECT_TRUE(bitwise_equal(nccl[r], emu[r])) << dtype_name(dtype) << " n " << n;
     }
   }
+}
+
+// Two GPUs, the kept group: several runs over the same communicators give NCCL's sums;
+// then rank 1 throws at the start of a run while rank 0 waits in an all-reduce: rank 0
+// ends (no hang) and the error names rank 1.
+TEST(Nccl, TwoGpusKeptGroupRunsAgainAndEndsOnAThrowingRank) {
+  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  NcclThreadGroup group(2);
+  for (int run = 0; run < 3; ++run) {
+    std::vector<Tensor> sums(2);
+    group.run([&](Communicator& comm) {
+      CudaBackendOptions o;
+      o.device = comm.rank();
+      std::unique_ptr<Backend> backend = make_cuda_backend(o);
+      Tensor t = host_input(comm.rank() + run, 1000, DType::kF32).to_device(Device::kCuda);
+      comm.all_reduce(t);
+      sums[comm.rank()] = t.to_host();
+    });
+    const std::vector<double> a = host_input(run, 1000, DType::kF32).to_f64();
+    const std::vector<double> b = host_input(1 + run, 1000, DType::kF32).to_f64();
+    std::vector<double> exact(a.size());  // multiples of 2^-6 below 32: exact in f32
+    for (std::size_t i = 0; i < a.size(); ++i) exact[i] = a[i] + b[i];
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(bitwise_equal(sums[r], Tensor::from_f64(exact, {1000}, DType::kF32)))
+          << "run " << run << " rank " << r;
+    }
+  }
+  const auto start = Clock::now();
+  try {
+    group.run([&](Communicator& comm) {
+      CudaBackendOptions o;
+      o.device = comm.rank();
+      std::unique_ptr<Backend> backend = make_cuda_backend(o);
+      Tensor t = host_input(comm.rank(), 100, DType::kF32).to_device(Device::kCuda);
+      if (comm.rank() == 1) throw std::runtime_error("injected failure on rank 1");
+      comm.all_reduce(t);
+    });
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.rank(), 1);
+  }
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
 }
 
 TEST(Nccl, TwoGpusThrowingRankAbortsPeer) {

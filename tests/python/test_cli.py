@@ -105,6 +105,26 @@ def test_mutation_fails_with_exit_1(cli):
     assert all(status in ("PASS", "WARN") for status, cid in cases if ".column." in cid)
 
 
+def test_injected_rank_failure_ends_the_run_naming_the_rank(cli):
+    # Rank 1 of the CPU thread group throws at the start of the 3rd sharded run while
+    # rank 0 goes on into that run's collectives: rank 0 must stop (no hang, the timeout
+    # below would fail the test) and the run must end with a runtime error (exit 3) that
+    # names rank 1 and the injected failure, after the two cases before it printed.
+    r = tpcheck(cli, "run", "--backend", "cpu", "--suite", "te", "--tp", "2", "--filter",
+                "^Linear", "--inject-failure", "1@3", timeout=60)
+    assert r.returncode == 3, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert "--inject-failure: rank 1 throws now (sharded run 3)" in r.stderr, r.stderr
+    assert "rank 1" in r.stderr and "injected failure (--inject-failure 1@3)" in r.stderr, r.stderr
+    assert len(case_lines(r.stdout)) == 2, r.stdout
+    assert not SUMMARY_RE.match(last_line(r.stdout or "\n")), r.stdout
+
+
+def test_inject_failure_is_not_in_help(cli):
+    r = tpcheck(cli, "run", "--help")
+    assert r.returncode == 0
+    assert "--inject-failure" not in r.stdout
+
+
 # ---- usage errors: exit 2, a message naming the value, nothing run --------------------
 
 USAGE_ERRORS = [
@@ -125,6 +145,10 @@ USAGE_ERRORS = [
     # (No "--seq too small for the window_size case" error: the reference ties no window
     # bound to the sequence length, and neither does tpcheck.)
     pytest.param(["--tp", "four"], ["four"], id="tp-not-a-number"),
+    # The fault tests' hook (hidden from --help) validates its spec like any option.
+    pytest.param(["--tp", "2", "--inject-failure", "2@1"], ["2@1", "--tp 2"], id="inject-rank"),
+    pytest.param(["--tp", "2", "--inject-failure", "1@0"], ["1@0"], id="inject-run0"),
+    pytest.param(["--tp", "2", "--inject-failure", "one"], ["one", "RANK@RUN"], id="inject-form"),
 ]
 
 

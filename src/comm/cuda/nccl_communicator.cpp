@@ -1,5 +1,6 @@
 // nccl_communicator.cpp — the NCCL communicator (one rank per GPU) and its launchers:
-// run_nccl_group (one process, a thread per GPU) and connect_nccl_process_group (one
+// run_nccl_group and NcclThreadGroup (one process, a thread per GPU; the group keeps its
+// communicators from one run to the next) and connect_nccl_process_group (one
 // process per rank: mpirun / torchrun, NCCL id shared over TCP, comm/tcp_group.h).
 //
 // Every NCCL communicator is non-blocking (ncclConfig_t.blocking = 0). Init and every
@@ -21,7 +22,9 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
@@ -56,17 +59,27 @@ class FailureSource {
   virtual bool report_unwinding() const { return false; }
 };
 
-class InProcessFailures final : public FailureSource {
+// The kept one-process group's failure source: the Rendezvous of the run in progress
+// (each NcclThreadGroup::run has its own), none between runs.
+class RunFailures final : public FailureSource {
  public:
-  explicit InProcessFailures(Rendezvous& rv) : rv_(rv) {}
-  std::optional<GroupFailure> failure() override {
-    if (!rv_.aborted()) return std::nullopt;
-    return GroupFailure{rv_.abort_origin(), rv_.abort_message()};
+  void bind(Rendezvous* rv) {
+    std::lock_guard<std::mutex> lock(mu_);
+    rv_ = rv;
   }
-  void report(int rank, const std::string& reason) override { rv_.abort(rank, reason); }
+  std::optional<GroupFailure> failure() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rv_ == nullptr || !rv_->aborted()) return std::nullopt;
+    return GroupFailure{rv_->abort_origin(), rv_->abort_message()};
+  }
+  void report(int rank, const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rv_ != nullptr) rv_->abort(rank, reason);
+  }
 
  private:
-  Rendezvous& rv_;
+  std::mutex mu_;
+  Rendezvous* rv_ = nullptr;
 };
 
 class TcpFailures final : public FailureSource {
@@ -358,6 +371,19 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world, int de
 }
 
 void run_nccl_group(int world, const std::function<void(Communicator&)>& body, NcclOptions options) {
+  NcclThreadGroup(world, options).run(body);
+}
+
+struct NcclThreadGroup::State {
+  NcclOptions options;
+  std::optional<NcclId> id;  // made on the first run (ncclGetUniqueId starts NCCL's bootstrap)
+  std::shared_ptr<RunFailures> failures = std::make_shared<RunFailures>();
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;  // [rank], made on rank r's thread
+  bool failed = false;
+};
+
+NcclThreadGroup::NcclThreadGroup(int world, NcclOptions options)
+    : world_(world), state_(std::make_unique<State>()) {
   const int count = device_count_or_throw("--comm nccl");
   TPCHECK_CHECK_INPUT(world >= 1 && world <= count,
                       "NCCL group of {} ranks needs {} GPUs (one per rank; NCCL refuses two ranks "
@@ -365,13 +391,53 @@ void run_nccl_group(int world, const std::function<void(Communicator&)>& body, N
                       world, world, count);
   TPCHECK_CHECK_INPUT(options.timeout.count() > 0, "NCCL timeout {} ms must be positive",
                       options.timeout.count());
-  const NcclId id = make_nccl_id();
-  Rendezvous rv(world, options.timeout);
-  auto failures = std::make_shared<InProcessFailures>(rv);
-  run_rank_threads(world, rv, [&](int r) {
-    NcclCommunicator comm(r, world, r, id, options, failures);
-    body(comm);
-  });
+  state_->options = options;
+  state_->comms.resize(static_cast<std::size_t>(world));
+}
+
+NcclThreadGroup::~NcclThreadGroup() {
+  // ncclCommFinalize completes only when every rank has called it: one thread per rank.
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_; ++r) {
+    if (!state_->comms[r]) continue;
+    threads.emplace_back([this, r] {
+      (void)cudaSetDevice(r);
+      state_->comms[r].reset();  // ~NcclCommunicator never throws
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void NcclThreadGroup::run(const std::function<void(Communicator&)>& body) {
+  State& s = *state_;
+  TPCHECK_CHECK(!s.failed,
+                "NCCL group of {} ranks: an earlier run failed and its communicators were "
+                "aborted; make a new group",
+                world_);
+  if (!s.id) s.id = make_nccl_id();
+  Rendezvous rv(world_, s.options.timeout);
+  s.failures->bind(&rv);
+  try {
+    run_rank_threads(world_, rv, [&](int r) {
+      TPCHECK_CUDA_CHECK(cudaSetDevice(r));
+      if (!s.comms[r]) {
+        s.comms[r] = std::make_unique<NcclCommunicator>(r, world_, r, *s.id, s.options, s.failures);
+      }
+      body(*s.comms[r]);
+    });
+  } catch (...) {
+    // A rank that threw outside a collective left its communicator live while the others
+    // aborted theirs: abort them all now (never a finalize that waits for the dead ones).
+    s.failed = true;
+    s.failures->bind(nullptr);
+    for (int r = 0; r < world_; ++r) {
+      if (!s.comms[r]) continue;
+      (void)cudaSetDevice(r);
+      s.comms[r]->abort("the group failed");
+    }
+    throw;
+  }
+  s.failures->bind(nullptr);
 }
 
 std::unique_ptr<Communicator> connect_nccl_process_group(const NcclProcessLaunch& launch,
