@@ -7,8 +7,8 @@
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite badinput mutations bench; also, not in the
 # default set: production (the te suite at production shapes, TP 8 emulated), pytorch
-# (the te suite against its PyTorch twin) and forensics (the cuBLASLt log tools on real
-# logs and programs).
+# (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
+# logs and programs) and python (the package, packed by tests/gpu/pack_python.sh).
 # NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -153,6 +153,28 @@ fi
 if has pytorch; then
   timed "suite vs PyTorch, TP 4 emulated" suite_vs_pytorch.log \
     env TPCHECK="$bin" OUT="$out/suite_vs_pytorch" bash "$root/bench/suite_vs_pytorch.sh" --runs 3
+fi
+
+# Not in the default stages: the Python package on the GPU (tests/gpu/pack_python.sh adds
+# it for this machine's Python): the package tests (CPU ones too, on this Python), the
+# GPU ones (zero-copy CUDA tensors, the example, torchrun), the trace of a real PyTorch
+# matmul, and the compare benchmark against torch.testing.assert_close.
+if has python; then
+  if [ -d "$root/.devrun/python/tpcheck" ]; then
+    export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
+    timed "python package: pytest test_package, test_package_gpu, test_package_trace" pytest_package.log \
+      env TPCHECK_CLI="$bin" python3 -m pytest -q -p no:cacheprovider -rs \
+      "$root/tests/python/test_package.py" "$root/tests/python/test_package_gpu.py" \
+      "$root/tests/python/test_package_trace.py"
+    grep -E "passed|failed|SKIPPED|Error" "$out/pytest_package.log" | tail -15 >>"$out/failures.txt"
+    timed "compare vs torch.testing.assert_close, cuda, 1 GiB f32" compare_bench.log \
+      python3 "$root/bench/compare_bench.py" --device cuda
+    timed "compare --truth, cuda" compare_bench_truth.log \
+      python3 "$root/bench/compare_bench.py" --device cuda --truth
+    cat "$out/compare_bench.log" "$out/compare_bench_truth.log" >>"$out/failures.txt"
+  else
+    row "python package" "not packed: run tests/gpu/pack_python.sh here first" ""
+  fi
 fi
 
 # The GEMM algorithm / class differences of every suite run, in one file.
