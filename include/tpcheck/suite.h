@@ -94,6 +94,11 @@ struct Execution {
   // all_gather each), so every process holds them all. The other ranks' GEMM and
   // communication ledgers stay in their processes.
   bool one_process_per_rank = false;
+  // Where each run's outputs and gradients are kept for the comparison: on the device
+  // they were computed on (false: the comparison runs there, on the GPU for CUDA ranks),
+  // or copied to the host (true: one process with a GPU per rank, whose tensors a kernel
+  // on another GPU cannot read).
+  bool results_on_host = false;
   // Optional: wraps each run's communicator (the sharded ranks' and the unsharded runs'
   // group of one) before the rank makes its backend, on the rank's thread — a decorator
   // that records collectives (tpcheck explain). Unset: the communicator as it is.

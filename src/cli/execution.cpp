@@ -110,6 +110,7 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
   e.backend = "cuda";
   if (nccl) {
     e.communicator = "nccl (one thread per GPU)";
+    e.results_on_host = true;  // rank r's tensors are on GPU r
     e.make_backend = [options](int rank) {
       CudaBackendOptions o = options;
       o.device = rank;

@@ -153,7 +153,7 @@ Tensor assemble_shards(const std::vector<Tensor>& shards, const ShardSpec& spec)
   TPCHECK_CHECK(layout.local_dim == first.dim(spec.dim),
                 "assemble_shards: shard {} does not match blocks {} split {} ways",
                 first.describe(), blocks_str(spec.blocks), world);
-  Tensor global(global_shape, first.dtype());
+  Tensor global(global_shape, first.dtype(), first.device());  // where the shards are
   for (int r = 0; r < world; ++r) {
     for (std::size_t j = 0; j < layout.piece.size(); ++j) {
       if (layout.piece[j] == 0) continue;

@@ -9,6 +9,8 @@
 // The loss gradient is computed on the gathered global output, as the reference suite
 // does with its differentiable gather; the runner's own gathers are never mutated.
 #include <chrono>
+#include <string_view>
+#include <vector>
 
 #include "tpcheck/error.h"
 #include "tpcheck/layers/any_layer.h"
@@ -44,14 +46,21 @@ Tensor gather_global(Communicator& comm, const Tensor& local, const ShardSpec& s
 //   kReference: L = MSE(output, target); the returned bias and layernorm output get zero
 //               gradients (they are outside the loss, as in the reference suite).
 // computed in f64 and rounded once to each tensor's dtype.
-OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, SuiteLoss loss) {
+// The targets are generated on `device` (the run's: on a GPU that is much quicker than the
+// host at production sizes, and bit-equal to it, tests/gpu/cuda_random_test) and read back.
+std::vector<double> loss_target(std::uint64_t seed, std::string_view name, const Shape& shape,
+                                Device device) {
+  return generate(FillSpec::normal(0, 1), seed, name, shape, DType::kF64, {}, 0, 1, device).to_f64();
+}
+
+OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, SuiteLoss loss,
+                           Device device) {
   OutputGrads g;
   const Tensor& y = global.output;
   const std::int64_t cols = y.dim(-1), rows = y.numel() / cols;
   std::vector<double> yv = y.to_f64();
   if (loss == SuiteLoss::kReference) {
-    Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(), DType::kF64);
-    const double* t = target.data<double>();
+    const std::vector<double> t = loss_target(seed, "target", y.shape(), device);
     for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = 2.0 * (yv[i] - t[i]) / yv.size();
     g.output = Tensor::from_f64(yv, y.shape(), y.dtype());
     if (global.bias.defined()) g.bias = Tensor::zeros_like(global.bias);
@@ -64,8 +73,7 @@ OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, Suite
     for (std::int64_t i = 0; i < rows; ++i)
       for (std::int64_t j = 0; j < cols; ++j) yv[i * cols + j] += b[j];
   }
-  Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(), DType::kF64);
-  const double* t = target.data<double>();
+  const std::vector<double> t = loss_target(seed, "target", y.shape(), device);
   std::vector<double> dy(yv.size());
   for (std::size_t i = 0; i < yv.size(); ++i) dy[i] = 2.0 * (yv[i] - t[i]) / yv.size();
   g.output = Tensor::from_f64(dy, y.shape(), y.dtype());
@@ -77,9 +85,9 @@ OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, Suite
   }
   if (global.layernorm_output.defined()) {
     const Tensor& ln = global.layernorm_output;
-    Tensor tln = generate(FillSpec::normal(0, 1), seed, "target_ln", ln.shape(), DType::kF64);
+    const std::vector<double> tln = loss_target(seed, "target_ln", ln.shape(), device);
     std::vector<double> lv = ln.to_f64(), d(lv.size());
-    for (std::size_t i = 0; i < lv.size(); ++i) d[i] = 2.0 * (lv[i] - tln.data<double>()[i]) / lv.size();
+    for (std::size_t i = 0; i < lv.size(); ++i) d[i] = 2.0 * (lv[i] - tln[i]) / lv.size();
     g.layernorm_output = Tensor::from_f64(d, ln.shape(), ln.dtype());
   }
   return g;
@@ -90,12 +98,13 @@ Tensor shard_of(const Tensor& global, const ShardSpec& spec, const Communicator&
   return take_shard(global, spec, comm.rank(), comm.size());
 }
 
-// One run of the case on one rank of `comm` (size 1 for single and truth).
-// Host copies of a rank's results (the comparison reads them on the host).
+// Host copies of a run's outputs (the loss, and Execution::results_on_host).
 LayerOutputs to_host(const LayerOutputs& o) {
   auto host = [](const Tensor& t) { return t.defined() ? t.to_host() : t; };
   return {host(o.output), host(o.bias), host(o.layernorm_output)};
 }
+
+// One run of the case on one rank of `comm` (size 1 for single and truth).
 
 RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
                     const GemmClassRule& rule, Mutation mutation, Recipe recipe,
@@ -126,7 +135,7 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   if (local.layernorm_output.defined())
     global.layernorm_output = gather_global(comm, local.layernorm_output, layout.layernorm_output);
 
-  OutputGrads global_grads = loss_gradients(to_host(global), seed, c.loss);
+  OutputGrads global_grads = loss_gradients(to_host(global), seed, c.loss, device);
   auto local_grad = [&](const Tensor& g, const ShardSpec& spec) {
     const Tensor shard = shard_of(g, spec, comm);
     return shard.defined() ? shard.to_device(device) : shard;
@@ -134,12 +143,17 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   OutputGrads grads{local_grad(global_grads.output, layout.output),
                     local_grad(global_grads.bias, layout.bias),
                     local_grad(global_grads.layernorm_output, layout.layernorm_output)};
+  // The results stay where they were computed (the comparison reads them there), unless
+  // the execution asks for host copies. A device tensor outlives its backend: the
+  // backend's destructor waits for its stream, so every result is complete by then.
+  const bool host = execution.results_on_host;
+  auto keep = [host](const Tensor& t) { return host && t.defined() ? t.to_host() : t; };
   RankResult result;
-  result.input_gradient = layer->backward(grads).to_host();
+  result.input_gradient = keep(layer->backward(grads));
   if (layer->delays_wgrad()) layer->backward_dw();
 
-  result.outputs = to_host(local);
-  for (Parameter* p : layer->parameters()) result.gradients.push_back(p->gradient().to_host());
+  result.outputs = host ? to_host(local) : local;
+  for (Parameter* p : layer->parameters()) result.gradients.push_back(keep(p->gradient()));
   result.gemms = backend->ledger().records();
   result.comms = comm.comm_ledger();
   if (layouts != nullptr) {
@@ -193,8 +207,7 @@ void share_results(Communicator& comm, Device device, std::vector<RankResult>& r
   auto share = [&](auto member) {
     const Tensor mine = member(ranks[me]);
     if (!mine.defined()) return;
-    const Tensor rows =
-        comm.all_gather(mine.to_device(device).reshape({1, mine.numel()}), 0).to_host();
+    const Tensor rows = comm.all_gather(mine.to_device(device).reshape({1, mine.numel()}), 0);
     for (int r = 0; r < comm.size(); ++r) {
       member(ranks[r]) = rows.slice(0, r, 1).reshape(mine.shape());
     }
@@ -296,12 +309,17 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
     probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
                            config.seed, probe_ex, nullptr);
   }
-  auto noise_of = [kProbeU](const Tensor& p, const Tensor& t) {
+  // n = (probed − truth) / kProbeU, on the device the runs' results are on: the
+  // subtraction rounds once in f64 and the division by a power of two is exact, so the
+  // bits are the host loop's (−truth and the scaling are exact).
+  std::unique_ptr<Backend> arithmetic;
+  if (!config.skip_truth) {
+    const bool on_host = ex.backend == "cpu" || ex.results_on_host;
+    arithmetic = on_host ? make_cpu_backend() : ex.make_backend(0);
+  }
+  auto noise_of = [&arithmetic, kProbeU](const Tensor& p, const Tensor& t) {
     if (!t.defined()) return Tensor();
-    std::vector<double> n = p.to_f64();
-    const std::vector<double> tv = t.to_f64();
-    for (std::size_t i = 0; i < n.size(); ++i) n[i] = (n[i] - tv[i]) / kProbeU;
-    return Tensor::from_f64(n, t.shape(), DType::kF64);
+    return arithmetic->scale(arithmetic->add(p, arithmetic->scale(t, -1.0)), 1.0 / kProbeU);
   };
 
   std::vector<RankResult> ranks(config.tp);

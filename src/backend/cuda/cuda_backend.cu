@@ -34,6 +34,8 @@ const char* cublas_status_name(cublasStatus_t status) {
   }
 }
 
+void register_cuda_compare();  // compare_stats.cu
+
 void fail_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
   detail::fail(ErrorKind::kRuntime, file, line,
                TPCHECK_FORMAT("cuBLASLt error {} in {}", cublas_status_name(status), call));
@@ -52,18 +54,20 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
                       "CUDA device {} does not exist; this machine has {} (0..{})", options.device,
                       count, count - 1);
   cuda::install_cuda_runtime();
+  cuda::register_cuda_compare();  // the suite compares the results where they were computed
   TPCHECK_CUDA_CHECK(cudaSetDevice(options.device));
   TPCHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   cuda::set_current_stream(options.device, stream_);
   TPCHECK_CUBLAS_CHECK(cublasLtCreate(&lt_));
-  // cudaMalloc returns 256-byte aligned memory, the alignment cuBLASLt asks of workspaces.
-  TPCHECK_CUDA_CHECK(cudaMalloc(&workspace_, options.workspace_bytes));
+  // Whole cudaMalloc blocks, 256-byte aligned: the alignment cuBLASLt asks of workspaces.
+  workspace_block_ = cuda::install_cuda_runtime().allocate(options.workspace_bytes);
+  workspace_ = workspace_block_.get();
 }
 
 CudaBackend::~CudaBackend() {
   // Never throw from here: a failed rank is already unwinding.
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  if (workspace_ != nullptr) cudaFree(workspace_);
+  workspace_block_.reset();  // back to the allocator's cache (the stream is idle)
   if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (stream_ != nullptr) {
     if (cuda::current_stream() == stream_) {

@@ -13,6 +13,9 @@
 // for the constructing thread (the rank thread), so construct it there.
 #pragma once
 
+#include <cstddef>
+#include <memory>
+
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -76,6 +79,9 @@ class CudaBackend final : public Backend {
   CudaBackendOptions options_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
+  // From the caching allocator (not a cudaMalloc of its own): a backend is made per run,
+  // and the allocator's out-of-memory path frees cached blocks before it gives up.
+  std::shared_ptr<std::byte> workspace_block_;
   void* workspace_ = nullptr;
   // cuBLASLt heuristic results by problem (the heuristic is deterministic for a shape, so
   // asking once per shape is what a library with an algorithm cache does).
