@@ -46,8 +46,10 @@ Tensor gather_global(Communicator& comm, const Tensor& local, const ShardSpec& s
 //   kReference: L = MSE(output, target); the returned bias and layernorm output get zero
 //               gradients (they are outside the loss, as in the reference suite).
 // computed in f64 and rounded once to each tensor's dtype.
-// The targets are generated on `device` (the run's: on a GPU that is much quicker than the
-// host at production sizes, and bit-equal to it, tests/gpu/cuda_random_test) and read back.
+// The targets are generated on `device` (the run's: on a GPU much quicker than on the host
+// at production sizes) and read back. Every run of a case is on one kind of device, so
+// single, sharded and truth see the same targets (f64 values may differ in the last bit
+// between host and GPU generation: ARCHITECTURE.md, random values).
 std::vector<double> loss_target(std::uint64_t seed, std::string_view name, const Shape& shape,
                                 Device device) {
   return generate(FillSpec::normal(0, 1), seed, name, shape, DType::kF64, {}, 0, 1, device).to_f64();
@@ -105,7 +107,6 @@ LayerOutputs to_host(const LayerOutputs& o) {
 }
 
 // One run of the case on one rank of `comm` (size 1 for single and truth).
-
 RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
                     const GemmClassRule& rule, Mutation mutation, Recipe recipe,
                     std::uint64_t seed, const Execution& execution, Communicator& group,
