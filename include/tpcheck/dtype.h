@@ -15,9 +15,9 @@
 //     become ±max finite; inf stays inf (NaN for f8e4m3) and NaN stays NaN.
 // f4e2m1 has neither inf nor NaN: both casts saturate (±inf → ±6), and a NaN becomes a
 // zero of the opposite sign (ml_dtypes' convention; quantization never feeds it a NaN).
-// f8e8m0 follows ml_dtypes too, which does not round ties to even there (it has no
-// mantissa to be even): a positive value rounds to the nearer power of two, ties up,
-// values below 2^-127 go to 2^-127 (above 2^-127 but below 2^-126: up to 2^-126);
+// f8e8m0 follows ml_dtypes (≥ 0.7) too, which does not round ties to even there (it has
+// no mantissa to be even): a positive value rounds to the nearer power of two, ties up,
+// values below 2^-127 go to 2^-127;
 // zero, negatives and NaN give NaN (0xFF); overflow gives NaN (plain) or 2^127 (0xFE,
 // saturating). MXFP8's scale is not this cast but a rounding up (quant.h).
 // TF32 is not a storage format: `round_tf32` rounds an f32 to 10 mantissa bits (kept in
