@@ -48,6 +48,16 @@ Tensor host_input(int rank, std::int64_t n, DType dtype) {
   return Tensor::from_f64(v, {n}, dtype);
 }
 
+// Two ranks on GPUs 0 and 1: rank 1 throws while rank 0 goes into an all-reduce.
+void rank1_throws_before_all_reduce(Communicator& comm) {
+  CudaBackendOptions o;
+  o.device = comm.rank();
+  std::unique_ptr<Backend> backend = make_cuda_backend(o);
+  Tensor t = host_input(comm.rank(), 100, DType::kF32).to_device(Device::kCuda);
+  if (comm.rank() == 1) throw std::runtime_error("injected failure on rank 1");
+  comm.all_reduce(t);
+}
+
 // The collectives of a group of one are identities; the ledger says "nccl".
 void check_group_of_one(Communicator& comm) {
   std::unique_ptr<Backend> backend = make_cuda_backend({});
@@ -217,14 +227,7 @@ TEST(Nccl, TwoGpusKeptGroupRunsAgainAndEndsOnAThrowingRank) {
   }
   const auto start = Clock::now();
   try {
-    group.run([&](Communicator& comm) {
-      CudaBackendOptions o;
-      o.device = comm.rank();
-      std::unique_ptr<Backend> backend = make_cuda_backend(o);
-      Tensor t = host_input(comm.rank(), 100, DType::kF32).to_device(Device::kCuda);
-      if (comm.rank() == 1) throw std::runtime_error("injected failure on rank 1");
-      comm.all_reduce(t);
-    });
+    group.run(rank1_throws_before_all_reduce);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.rank(), 1);
@@ -236,14 +239,7 @@ TEST(Nccl, TwoGpusThrowingRankAbortsPeer) {
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   const auto start = Clock::now();
   try {
-    run_nccl_group(2, [&](Communicator& comm) {
-      CudaBackendOptions o;
-      o.device = comm.rank();
-      std::unique_ptr<Backend> backend = make_cuda_backend(o);
-      Tensor t = host_input(comm.rank(), 100, DType::kF32).to_device(Device::kCuda);
-      if (comm.rank() == 1) throw std::runtime_error("injected failure on rank 1");
-      comm.all_reduce(t);
-    });
+    run_nccl_group(2, rank1_throws_before_all_reduce);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.rank(), 1);

@@ -36,12 +36,10 @@ mkdir -p "$work/obj"
 (
   cd "$work/obj"
   for lib in "$build"/*.a; do ln -s "$lib" .; done
-  mkdir -p src/python
   grep -o -- ' -o [^ ]*\.o' "$work/commands.sh" | awk '{print $2}' | xargs -n1 dirname | sort -u | xargs mkdir -p
   bash -e "$work/commands.sh" >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 )
-module="$work/obj/_tpcheck$suffix"
-[ -f "$module" ] || module="$(find "$work/obj" -name "_tpcheck$suffix" | head -1)"
+module="$work/obj/_tpcheck$suffix"  # the link's -o, made relative above
 [ -f "$module" ] || { echo "pack_python.sh: no module built (see the commands in $work)" >&2; exit 1; }
 stage="$work/stage"
 mkdir -p "$stage"
