@@ -49,6 +49,10 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
 int use_external_cuda_device(int device);
 void restore_cuda_device(int device);
 
+// Device memory held by tpcheck's caching allocator, in use and cached, over all GPUs
+// (0 when built without CUDA or before the first device tensor).
+std::size_t cuda_memory_reserved();
+
 // Versions for reports: "CUDA runtime 13.0, driver 13.0, cuBLASLt 13.1.0, NCCL 2.28.3", or
 // why there is no CUDA.
 std::string cuda_versions();

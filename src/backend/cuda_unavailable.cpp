@@ -13,6 +13,7 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
   return nullptr;
 }
 
+std::size_t cuda_memory_reserved() { return 0; }
 std::string cuda_versions() { return "built without CUDA"; }
 
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor&, const QuantizeOptions&,

@@ -57,6 +57,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   cuda::register_cuda_compare();  // the suite compares the results where they were computed
   TPCHECK_CUDA_CHECK(cudaSetDevice(options.device));
   TPCHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  cuda::allocator_adopt_stream(options.device, stream_);
   cuda::set_current_stream(options.device, stream_);
   TPCHECK_CUBLAS_CHECK(cublasLtCreate(&lt_));
   // Whole cudaMalloc blocks, 256-byte aligned: the alignment cuBLASLt asks of workspaces.
@@ -66,8 +67,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
 
 CudaBackend::~CudaBackend() {
   // Never throw from here: a failed rank is already unwinding.
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  workspace_block_.reset();  // back to the allocator's cache (the stream is idle)
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    // Its cached blocks (and those of its tensors that outlive it) serve later streams.
+    cuda::allocator_retire_stream(options_.device, stream_);
+  }
+  workspace_block_.reset();  // to the idle pool: the stream is retired
   if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (stream_ != nullptr) {
     if (cuda::current_stream() == stream_) {
@@ -85,6 +90,8 @@ void CudaBackend::synchronize() { TPCHECK_CUDA_CHECK(cudaStreamSynchronize(strea
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
+
+std::size_t cuda_memory_reserved() { return cuda::allocator_bytes_reserved(); }
 
 std::string cuda_versions() {
   int runtime = 0, driver = 0, nccl = 0;

@@ -6,6 +6,8 @@
 
 #include <map>
 #include <mutex>
+#include <set>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -64,39 +66,73 @@ class CachingAllocator {
     return reserved_;
   }
 
+  // The stream is about to be destroyed and has no queued work (its owner synchronized
+  // it): its cached blocks, and blocks of it freed from now on, go to the device's idle
+  // pool, which any stream may take from. Without this every new rank stream (one per run
+  // and rank) would cudaMalloc afresh while the dead streams' pools sat unreachable until
+  // an out-of-memory flush.
+  void retire_stream(int device, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.lower_bound(Key{device, stream, 0});
+         it != free_.end() && std::get<0>(it->first) == device && std::get<1>(it->first) == stream;
+         it = free_.erase(it)) {
+      auto& idle = idle_[Key{device, nullptr, std::get<2>(it->first)}];
+      idle.insert(idle.end(), it->second.begin(), it->second.end());
+    }
+    retired_.insert({device, stream});
+  }
+  // A new stream: CUDA may hand out a destroyed stream's handle again, and a live
+  // stream's blocks must stay in its own pool.
+  void adopt_stream(int device, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    retired_.erase({device, stream});
+  }
+
  private:
   using Key = std::tuple<int, cudaStream_t, std::size_t>;
 
-  void* take(int device, cudaStream_t stream, std::size_t size) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(Key{device, stream, size});
-    if (it == free_.end() || it->second.empty()) return nullptr;
+  static void* pop(std::map<Key, std::vector<void*>>& pool, const Key& key) {
+    auto it = pool.find(key);
+    if (it == pool.end() || it->second.empty()) return nullptr;
     void* p = it->second.back();
     it->second.pop_back();
     return p;
   }
+  void* take(int device, cudaStream_t stream, std::size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (void* p = pop(free_, Key{device, stream, size})) return p;
+    return pop(idle_, Key{device, nullptr, size});
+  }
   void give_back(int device, cudaStream_t stream, std::size_t size, void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_[Key{device, stream, size}].push_back(p);
+    if (retired_.count({device, stream}) != 0) {
+      idle_[Key{device, nullptr, size}].push_back(p);
+    } else {
+      free_[Key{device, stream, size}].push_back(p);
+    }
   }
   // Frees every cached block (after synchronizing the device: a cached block may still be
   // read by queued work of its stream).
   void release_cached() {
     std::lock_guard<std::mutex> lock(mu_);
     cudaDeviceSynchronize();
-    for (auto& [key, blocks] : free_) {
-      cudaSetDevice(std::get<0>(key));
-      for (void* p : blocks) {
-        cudaFree(p);
-        reserved_ -= std::get<2>(key);
+    for (auto* pool : {&free_, &idle_}) {
+      for (auto& [key, blocks] : *pool) {
+        cudaSetDevice(std::get<0>(key));
+        for (void* p : blocks) {
+          cudaFree(p);
+          reserved_ -= std::get<2>(key);
+        }
+        blocks.clear();
       }
-      blocks.clear();
     }
     cudaSetDevice(t_device);
   }
 
   std::mutex mu_;
-  std::map<Key, std::vector<void*>> free_;
+  std::map<Key, std::vector<void*>> free_;  // blocks of live streams
+  std::map<Key, std::vector<void*>> idle_;  // blocks of retired streams (stream = nullptr)
+  std::set<std::pair<int, cudaStream_t>> retired_;
   std::size_t reserved_ = 0;
 };
 
@@ -206,6 +242,7 @@ class CudaRuntime final : public DeviceRuntime {
   void synchronize() override { TPCHECK_CUDA_CHECK(cudaStreamSynchronize(t_stream)); }
 
   std::size_t reserved() { return allocator_.reserved(); }
+  CachingAllocator& allocator() { return allocator_; }
 
  private:
   CachingAllocator allocator_;
@@ -233,5 +270,13 @@ DeviceRuntime& install_cuda_runtime() {
 }
 
 std::size_t allocator_bytes_reserved() { return runtime_instance().reserved(); }
+
+void allocator_adopt_stream(int device, cudaStream_t stream) {
+  runtime_instance().allocator().adopt_stream(device, stream);
+}
+
+void allocator_retire_stream(int device, cudaStream_t stream) {
+  runtime_instance().allocator().retire_stream(device, stream);
+}
 
 }  // namespace tpcheck::cuda

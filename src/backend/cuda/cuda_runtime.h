@@ -8,7 +8,9 @@
 // Caching allocator: blocks are rounded up (512 B granularity; powers of two above 1 MiB
 // are not used — sizes round to 2 MiB multiples there) and cached per (device, stream,
 // size). A block freed by a tensor goes back to the pool of the stream it was allocated
-// on, so it is only reused by work ordered after its last use on that stream; a tensor
+// on, so it is only reused by work ordered after its last use on that stream; when that
+// stream is retired (synchronized, then destroyed: a rank's backend at the end of a run)
+// its blocks move to the device's idle pool, which any stream reuses; a tensor
 // used on another stream (an emulated collective reading a peer's buffer) must be
 // synchronized by that user before it is released (the collectives do). cudaMalloc runs
 // only when a pool has no block; on cudaErrorMemoryAllocation the pools are emptied
@@ -33,6 +35,12 @@ DeviceRuntime& install_cuda_runtime();
 
 // Bytes currently held by the caching allocator (in use + cached), for reports.
 std::size_t allocator_bytes_reserved();
+
+// Stream lifetime for the allocator (CudaBackend calls them): adopt after creating a
+// stream; retire after synchronizing it, before destroying it — its blocks then move to
+// the device's idle pool, which later streams reuse.
+void allocator_adopt_stream(int device, cudaStream_t stream);
+void allocator_retire_stream(int device, cudaStream_t stream);
 
 // Kernels behind DeviceRuntime::generate and ::perturb_f64 (random.cu), on the calling
 // thread's stream.
