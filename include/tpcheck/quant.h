@@ -120,9 +120,12 @@ float nvfp4_gemm_alpha(float amax_a, float amax_b);
 class DelayedScaling {
  public:
   explicit DelayedScaling(DType format, int history_length = 32, int margin = 0);
+  DType format() const { return format_; }
   float scale() const { return scale_; }
   // The amax of this step (the newest history entry; recorded again the max is kept).
   void record(float amax);
+  // What record() has collected this step; empty when nothing was recorded.
+  std::optional<float> pending() const { return pending_; }
   // After the step: scale = fmax / max(history) · 2^-margin, kept unchanged when that max
   // is 0 or not finite, FLT_MAX when the quotient overflows; then the window moves on.
   void update();
@@ -136,6 +139,30 @@ class DelayedScaling {
   std::optional<float> pending_;
   std::deque<float> history_;  // newest first
 };
+
+// Every DelayedScaling of one run on one rank, in the order they were added: what the
+// reference keeps as one buffer of amaxes, so that one collective reduces them all after
+// the step. Every rank of a group adds the same entries in the same order (the layers
+// construct them identically), so entry i is the same tensor on every rank. Entries never
+// move: a reference from add() stays valid for the set's life.
+class DelayedScalingSet {
+ public:
+  DelayedScaling& add(DType format) { return entries_.emplace_back(format); }
+  std::size_t size() const { return entries_.size(); }
+  DelayedScaling& operator[](std::size_t i) { return entries_[i]; }
+  const DelayedScaling& operator[](std::size_t i) const { return entries_[i]; }
+
+ private:
+  std::deque<DelayedScaling> entries_;
+};
+
+// The receiving side of the reference's FP8 all-gather under delayed scaling: `rowwise`
+// ([rows, cols], f8e4m3 or f8e5m2) holds every rank's quantized rows, concatenated; the
+// gathered tensor is read with *this* rank's `scale` (its scale_inv for every row, as the
+// reference's gathered Float8Tensor takes the local one) — right only when every rank
+// quantized with the same scale. The columnwise copy is the transpose of the bytes.
+// `amax` is this rank's own (the local rows'). Error(kInput) for another dtype or rank.
+std::shared_ptr<QuantizedData> fp8_gathered(const Tensor& rowwise, float scale, float amax);
 
 // ---- quantize / dequantize -------------------------------------------------------------
 struct QuantizeOptions {

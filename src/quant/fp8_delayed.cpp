@@ -1,11 +1,14 @@
 // fp8_delayed.cpp — FP8 delayed scaling: one tensor's amax history and the scale it gives
-// the next step (TE's DelayedScaling recipe: history 32, "max", margin 0). The cast itself
-// is the per-tensor one (fp8_current.cpp) with this scale.
+// the next step (TE's DelayedScaling recipe: history 32, "max", margin 0), and the
+// receiving side of its FP8 all-gather. The cast itself is the per-tensor one
+// (fp8_current.cpp) with this scale.
 // Thread safety: a DelayedScaling object belongs to one rank.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
+#include "quant/recipes.h"
 #include "tpcheck/error.h"
 #include "tpcheck/quant.h"
 
@@ -44,6 +47,33 @@ void DelayedScaling::update() {
   scale = scale * std::ldexp(1.0f, -margin_);  // exact (a power of two) unless it underflows
   if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
   scale_ = scale;
+}
+
+std::shared_ptr<QuantizedData> fp8_gathered(const Tensor& rowwise, float scale, float amax) {
+  TPCHECK_CHECK_INPUT(rowwise.defined() && rowwise.rank() == 2 && is_fp8(rowwise.dtype()),
+                      "FP8 all-gather: gathered data {}; expected a [rows, cols] f8e4m3 or f8e5m2 "
+                      "matrix",
+                      rowwise.defined() ? rowwise.describe() : "undefined");
+  auto q = std::make_shared<QuantizedData>();
+  q->recipe = std::string(recipe_name(Recipe::kFp8Delayed));
+  q->format = rowwise.dtype();
+  q->rows = rowwise.dim(0);
+  q->cols = rowwise.dim(1);
+  q->block = {};
+  q->rowwise_data = rowwise.to_host();
+  // The transposed copy wgrad and dgrad read: the same bytes, [cols, rows].
+  q->columnwise_data = Tensor({q->cols, q->rows}, q->format);
+  const std::uint8_t* in = q->rowwise_data.data<std::uint8_t>();
+  std::uint8_t* out = q->columnwise_data.data<std::uint8_t>();
+  for (std::int64_t r = 0; r < q->rows; ++r) {
+    for (std::int64_t c = 0; c < q->cols; ++c) out[c * q->rows + r] = in[r * q->cols + c];
+  }
+  q->scale = quant_detail::scalar_tensor(scale);
+  q->rowwise_scale_inv = quant_detail::scalar_tensor(scale_reciprocal(scale));
+  q->columnwise_scale_inv = quant_detail::scalar_tensor(scale_reciprocal(scale));
+  q->amax = quant_detail::scalar_tensor(amax);
+  q->global_amax = quant_detail::scalar_tensor(amax);
+  return q;
 }
 
 }  // namespace tpcheck
