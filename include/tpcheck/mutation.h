@@ -4,11 +4,16 @@
 // that ships); `tpcheck run --mutate NAME` builds the sharded run's layers with it, and
 // tests assert that the default policy fails at least one suite case for every mutation
 // at TP 2, 4 and 8. Single and truth runs are never mutated.
+// Two mutations act on FP8 delayed scaling only (MutationInfo::recipe): they change
+// nothing at one step, when every scale is the initial 1, and show from the second step
+// on (`--recipe fp8 --steps 2`).
 // Thread safety: values.
 #pragma once
 
 #include <span>
 #include <string_view>
+
+#include "tpcheck/quant.h"
 
 namespace tpcheck {
 
@@ -31,16 +36,24 @@ enum class Mutation {
   kQkvOneBlock,           // fused QKV, not interleaved ([Q; K; V]), sharded as one block
   kGqaWrongGroup,         // GQA: local query head i uses group i mod g_local (repeat order)
   kWindowOffset,          // sliding-window mask shifted one token on ranks other than 0
+  // FP8 delayed scaling over steps (--recipe fp8; visible from --steps 2):
+  kAmaxNotReduced,        // amaxes not max-reduced across the group before the history update
+  kAmaxHistoryNotUpdated, // amax history never updated: every scale stays the initial 1
 };
 
 struct MutationInfo {
   Mutation mutation;
   std::string_view name;         // CLI name, kebab-case: "no-row-allreduce"
   std::string_view description;  // one line for `tpcheck mutations`
+  // The recipe the bug lives in (kNone: every run), and the first step at which it can
+  // change a result.
+  Recipe recipe = Recipe::kNone;
+  int first_step = 1;
 };
 
-// Every mutation except kNone, in a stable order.
+// Every mutation except kNone, in a stable order (the recipe-only ones last).
 std::span<const MutationInfo> all_mutations();
+const MutationInfo& mutation_info(Mutation m);  // REQUIRES: m != kNone
 std::string_view mutation_name(Mutation m);  // "none" for kNone
 // Throws Error(kInput) naming the text and listing the accepted names.
 Mutation parse_mutation(std::string_view name);

@@ -7,6 +7,7 @@
 
 #include <array>
 
+#include "layers/tp_ops.h"
 #include "tpcheck/error.h"
 #include "tpcheck/layers/attention.h"
 #include "tpcheck/layers/layernorm.h"
@@ -18,12 +19,19 @@
 namespace tpcheck {
 namespace {
 
-// Holds a typed layer and its Saved state between forward and backward.
+// The layer's context, with `scaling` as the delayed-scaling state its Linears keep.
+ModuleContext with_scaling(ModuleContext ctx, DelayedScalingSet* scaling) {
+  ctx.delayed_scaling = scaling;
+  return ctx;
+}
+
+// Holds a typed layer, its Saved state between forward and backward, and the delayed-
+// scaling state its Linears keep across steps.
 template <typename Layer>
 class LayerAdapter final : public AnyLayer {
  public:
   LayerAdapter(typename Layer::Options options, const ModuleContext& ctx)
-      : layer_("", std::move(options), ctx) {}
+      : ctx_(with_scaling(ctx, &scaling_)), layer_("", std::move(options), ctx_) {}
 
   std::vector<Parameter*> parameters() override { return layer_.parameters(); }
   LayerOutputs forward(const Tensor& x) override {
@@ -32,11 +40,14 @@ class LayerAdapter final : public AnyLayer {
   }
   Tensor backward(const OutputGrads& grads) override { return layer_.backward(grads, saved_); }
   void backward_dw() override { layer_.backward_dw(saved_); }
+  void update_scaling() override { update_delayed_scaling(ctx_, scaling_); }
   OutputLayout output_layout() const override { return layer_.output_layout(); }
   ShardSpec input_layout() const override { return layer_.input_layout(); }
   bool delays_wgrad() const override { return layer_.delays_wgrad(); }
 
  private:
+  DelayedScalingSet scaling_;  // before ctx_ and layer_: the Linears keep pointers into it
+  ModuleContext ctx_;
   Layer layer_;
   typename Layer::Saved saved_;
 };

@@ -16,8 +16,11 @@
 // gather, so their per-tensor scale comes from the amax of the whole tensor — what the
 // reference gets by reducing the amax (max) across the TP group before its quantized
 // all-gather; a shard quantized on its own (a row-parallel input, a column-parallel dy, a
-// weight shard) uses its own amax, as there. FP8 delayed scaling runs one step here, so
-// its scale is the initial 1 (docs/QUANTIZATION.md, "In the layers").
+// weight shard) uses its own amax, as there. FP8 delayed scaling, whose scales come from
+// the amax history (ModuleContext::delayed_scaling; the initial 1 without one), gathers
+// them as the reference does: each rank quantizes its slice with its own scale and the
+// FP8 bytes are all-gathered (tp_ops gather_tokens_fp8); every amax this Linear quantizes
+// is recorded in its history (docs/QUANTIZATION.md, "In the layers").
 #include "tpcheck/layers/linear.h"
 
 #include <nlohmann/json.hpp>
@@ -98,6 +101,13 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
     // must fit the recipe's blocks. Checked at construction, so before any case runs.
     check_quantizable(o.site + " weight (this rank's shard)", {local_out(), local_in()},
                       ctx_.recipe, QuantRole::kWeight, QuantUsage{true, true});
+  }
+  if (ctx_.recipe == Recipe::kFp8Delayed && ctx_.delayed_scaling != nullptr && !ctx_.shapes_only) {
+    // The reference's per-module scaling state: one history per tensor this Linear quantizes.
+    for (QuantRole role : {QuantRole::kInput, QuantRole::kWeight, QuantRole::kGradOutput}) {
+      scaling_[static_cast<int>(role)] =
+          &ctx_.delayed_scaling->add(quant_data_dtype(ctx_.recipe, role));
+    }
   }
   ShardSpec weight_shard, bias_shard;
   std::optional<ShardSpec> values_from;  // the mutated layout the values come from
@@ -194,16 +204,38 @@ void Linear::store_gradient_buffer(GradTarget which, const Tensor& buffer) {
   }
 }
 
+DelayedScaling* Linear::scaling_of(QuantRole role) const {
+  return scaling_[static_cast<int>(role)];
+}
+
 Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
                                   std::string_view what) const {
   // Called by linear_gemm under a recipe only.
+  if (const std::shared_ptr<QuantizedData>& carried = t.quantized(); carried != nullptr) {
+    // Gathered in FP8 (gather_for_gemm): the bytes every rank sent, not a requantization.
+    if ((columnwise ? carried->columnwise_data : carried->rowwise_data).defined()) return t;
+  }
   QuantizeOptions q;
   q.recipe = ctx_.recipe;
   q.role = role;
   q.usage = QuantUsage{!columnwise, columnwise};
+  DelayedScaling* scaling = scaling_of(role);
+  if (scaling != nullptr) q.scale = scaling->scale();
   Tensor out = t;  // a handle on the same values, carrying the quantized copy
   out.set_quantized(quantize(t, q, what));
+  // Delayed scaling: this step's amax of the tensor as this rank quantized it (a tensor
+  // quantized twice in a step, for two products, records the same value twice).
+  if (scaling != nullptr) scaling->record(static_cast<float>(out.quantized()->amax.at(0)));
   return out;
+}
+
+Tensor Linear::gather_for_gemm(const Tensor& local, QuantRole role) const {
+  DelayedScaling* scaling = scaling_of(role);
+  if (scaling == nullptr) return gather_tokens(ctx_, local);
+  const std::string what = options_.site + (role == QuantRole::kGradOutput
+                                                ? " output gradient (FP8 all-gather)"
+                                                : " input (FP8 all-gather)");
+  return gather_tokens_fp8(ctx_, local, *scaling, role, what);
 }
 
 void Linear::linear_gemm(std::string_view pass, const Tensor& a, bool trans_a, QuantRole a_role,
@@ -237,7 +269,8 @@ bool Linear::column_sp() const {
 
 void Linear::save_input(const Tensor& x, Saved& saved) {
   saved.input_shape = x.shape();
-  const Tensor full = column_sp() && !options_.save_original_input ? gather_tokens(ctx_, x) : x;
+  const Tensor full =
+      column_sp() && !options_.save_original_input ? gather_for_gemm(x, QuantRole::kInput) : x;
   saved.input = full.reshape({full.numel() / local_in(), local_in()});
 }
 
@@ -251,7 +284,7 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
   TPCHECK_CHECK_INPUT(x.dtype() == o.params_dtype, "{}: input dtype {}, expected params_dtype {}",
                       o.site, dtype_name(x.dtype()), dtype_name(o.params_dtype));
   const bool row = o.parallel_mode == ParallelMode::kRow;
-  const Tensor full = column_sp() ? gather_tokens(ctx_, x) : x;
+  const Tensor full = column_sp() ? gather_for_gemm(x, QuantRole::kInput) : x;
   const Tensor x2 = full.reshape({full.numel() / local_in(), local_in()});
 
   saved.input_shape = x.shape();
@@ -298,7 +331,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
   TPCHECK_CHECK(dy.dim(-1) == local_out(), "{}: output gradient {}, expected [..., {}]", o.site,
                 dy.describe(), local_out());
   const bool row_sp = row && o.sequence_parallel;
-  const Tensor dy_full = row_sp ? gather_tokens(ctx_, dy) : dy;
+  const Tensor dy_full = row_sp ? gather_for_gemm(dy, QuantRole::kGradOutput) : dy;
   const Tensor dy2 = dy_full.reshape({dy_full.numel() / local_out(), local_out()});
   const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
 
@@ -335,8 +368,9 @@ void Linear::weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local,
                                    const Tensor& dbias_out, const Saved& saved) {
   const Options& o = options_;
   // save_original_input kept the local token slice; gather it again, as TE does.
-  const Tensor input =
-      column_sp() && o.save_original_input ? gather_tokens(ctx_, saved.input) : saved.input;
+  const Tensor input = column_sp() && o.save_original_input
+                           ? gather_for_gemm(saved.input, QuantRole::kInput)
+                           : saved.input;
   Tensor dw = gradient_buffer(GradTarget::kWeight);
   linear_gemm("wgrad", dy, true, QuantRole::kGradOutput, input, false, QuantRole::kInput, dw,
               true);

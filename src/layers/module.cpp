@@ -1,4 +1,4 @@
-// module.cpp — parameter creation and the default initialisations (module.h).
+// module.cpp — parameter creation, the SGD step and the default initialisations (module.h).
 #include "tpcheck/layers/module.h"
 
 #include "layers/tp_ops.h"
@@ -39,6 +39,25 @@ Parameter make_parameter_from_rank(const ModuleContext& ctx, std::string name, S
   p.global_shape = std::move(global_shape);
   p.shard = std::move(shard);
   return p;
+}
+
+void sgd_update(Backend& backend, Parameter& p, double lr) {
+  const Tensor& g = p.gradient();
+  TPCHECK_CHECK(p.value.defined() && g.defined() && g.shape() == p.value.shape(),
+                "sgd_update: parameter {} has value {} and gradient {}", p.name,
+                p.value.defined() ? p.value.describe() : "undefined",
+                g.defined() ? g.describe() : "undefined");
+  const bool f64 = p.value.dtype() == DType::kF64 || g.dtype() == DType::kF64;
+  const DType wide = f64 ? DType::kF64 : DType::kF32;
+  // −lr · g in the wide type (widening a gradient is exact; the product rounds once), then
+  // value + that, computed wide and rounded once to the value's dtype (Backend::accumulate).
+  const Tensor step = backend.scale(g.dtype() == wide ? g : g.to(wide), -lr);
+  backend.accumulate(p.value, step);
+}
+
+void zero_gradients(Parameter& p) {
+  if (p.grad.defined()) p.grad.fill_zero();
+  if (p.main_grad.defined()) p.main_grad.fill_zero();
 }
 
 FillSpec default_weight_fill() { return FillSpec::normal(0.0, kWeightInitStd); }

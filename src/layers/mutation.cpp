@@ -12,7 +12,7 @@ namespace tpcheck {
 
 std::span<const MutationInfo> all_mutations() {
   // constexpr: no construction at run time, nothing to guard.
-  static constexpr std::array<MutationInfo, 16> kAll = {{
+  static constexpr std::array<MutationInfo, 18> kAll = {{
       {Mutation::kNoRowAllReduce, "no-row-allreduce",
        "row-parallel output not reduced: each rank keeps its partial sum"},
       {Mutation::kDoubleAllReduce, "double-allreduce", "row-parallel output all-reduced twice"},
@@ -44,8 +44,22 @@ std::span<const MutationInfo> all_mutations() {
        "GQA: local query head i uses key/value group i mod groups (repeat, not repeat_interleave)"},
       {Mutation::kWindowOffset, "window-offset",
        "sliding-window mask (no_mask with bounds) shifted one token on ranks other than 0"},
+      {Mutation::kAmaxNotReduced, "amax-not-reduced",
+       "FP8 delayed scaling: amaxes not max-reduced across the group before the history update",
+       Recipe::kFp8Delayed, 2},
+      {Mutation::kAmaxHistoryNotUpdated, "amax-history-not-updated",
+       "FP8 delayed scaling: the amax history is never updated, so every scale stays 1",
+       Recipe::kFp8Delayed, 2},
   }};
   return kAll;
+}
+
+const MutationInfo& mutation_info(Mutation m) {
+  for (const MutationInfo& info : all_mutations()) {
+    if (info.mutation == m) return info;
+  }
+  TPCHECK_CHECK(false, "mutation_info: no entry for mutation {}", static_cast<int>(m));
+  return all_mutations().front();  // unreachable
 }
 
 std::string_view mutation_name(Mutation m) {

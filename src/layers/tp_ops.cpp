@@ -28,6 +28,51 @@ Tensor gather_tokens(const ModuleContext& ctx, const Tensor& local) {
   return full;
 }
 
+Tensor gather_tokens_fp8(const ModuleContext& ctx, const Tensor& local, DelayedScaling& scaling,
+                         QuantRole role, std::string_view what) {
+  // Rows of the [tokens, features] view: gathering them along dim 0 is gathering `local`
+  // along its dim 0 (the leading dimensions are the tokens, the outermost first).
+  const std::int64_t cols = local.dim(-1);
+  QuantizeOptions q;
+  q.recipe = Recipe::kFp8Delayed;
+  q.role = role;
+  q.usage = QuantUsage{true, false};  // the bytes that travel; the transpose is made after
+  q.scale = scaling.scale();
+  const std::shared_ptr<QuantizedData> mine =
+      quantize(local.reshape({local.numel() / cols, cols}), q, what);
+  const float own_amax = mine->amax.at(0);
+  scaling.record(own_amax);
+  // The bytes travel in the tensor's own shape, as the high-precision gather's would.
+  const Tensor bytes = gather_tokens(ctx, mine->rowwise_data.reshape(local.shape()));
+  Shape full_shape = local.shape();
+  full_shape[0] *= ctx.tp_size();
+  std::shared_ptr<QuantizedData> gathered =
+      fp8_gathered(bytes.reshape({bytes.numel() / cols, cols}), scaling.scale(), own_amax);
+  Tensor values = dequantize(*gathered).to(local.dtype()).reshape(full_shape);
+  values.set_quantized(std::move(gathered));
+  return values;
+}
+
+void update_delayed_scaling(const ModuleContext& ctx, DelayedScalingSet& set) {
+  if (set.size() == 0) return;
+  // TE's global amax buffer: this step's amax of every tensor, 0 where none was recorded.
+  std::vector<float> amax(set.size(), 0.0f);
+  for (std::size_t i = 0; i < set.size(); ++i) amax[i] = set[i].pending().value_or(0.0f);
+  if (ctx.tp_size() > 1 && !ctx.mutated(Mutation::kAmaxNotReduced)) {
+    Tensor buffer = Tensor::from_f32(amax, {static_cast<std::int64_t>(amax.size())}, DType::kF32);
+    ctx.comm->all_reduce(buffer, ReduceOp::kMax);
+    amax = buffer.to_f32();
+  }
+  // The bug kAmaxNotReduced (above): each rank keeps its own amax, so ranks whose shards
+  // differ get different scales, and a gathered FP8 tensor is read with the wrong one.
+  // The bug kAmaxHistoryNotUpdated: nothing moves, every scale stays the initial 1.
+  if (ctx.mutated(Mutation::kAmaxHistoryNotUpdated)) return;
+  for (std::size_t i = 0; i < set.size(); ++i) {
+    if (set[i].pending()) set[i].record(amax[i]);  // the reduced value: at least the own
+    set[i].update();
+  }
+}
+
 Tensor reduce_row_output(const ModuleContext& ctx, Tensor partial, bool sequence_parallel) {
   if (ctx.mutated(Mutation::kNoRowAllReduce)) {
     // The bug: the partial sum is used as if it were the output.

@@ -13,6 +13,9 @@
 //                                                                       kNoDgradAllReduce
 //   reduce_replicated_grad        all-reduce (SP partial gradients)     kNormGradNotReduced,
 //                                                                       kRowBiasGradNotReduced
+//   gather_tokens_fp8             FP8 all-gather (delayed scaling)      kReversedGather
+//   update_delayed_scaling        amax all-reduce (max), history update kAmaxNotReduced,
+//                                                                       kAmaxHistoryNotUpdated
 //   make_parameter_from_rank      (used for kShardOffByOne, kColumnBiasNotSharded,
 //                                 kGatedFc1OneBlock and kQkvOneBlock)
 // kRowBiasBeforeReduce and kResidualBeforeReduce live in Linear's row forward;
@@ -21,6 +24,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "tpcheck/layers/module.h"
 
@@ -31,6 +35,21 @@ Tensor local_token_slice(const ModuleContext& ctx, const Tensor& full);
 
 // SP: all-gather a token slice along dim 0 into the full tensor.
 Tensor gather_tokens(const ModuleContext& ctx, const Tensor& local);
+
+// SP under FP8 delayed scaling: the reference's quantized all-gather. This rank quantizes
+// its token slice with its own scale (`scaling`, role `role`), records the slice's amax
+// there, and all-gathers the FP8 bytes; the gathered tensor carries them (rowwise, and the
+// transpose as the columnwise copy, quant.h fp8_gathered) read with this rank's scale_inv,
+// and holds their dequantized values. Right only when every rank quantized with the same
+// scale, which update_delayed_scaling's amax reduction makes so. `what` names the tensor.
+Tensor gather_tokens_fp8(const ModuleContext& ctx, const Tensor& local, DelayedScaling& scaling,
+                         QuantRole role, std::string_view what);
+
+// After a training step, FP8 delayed scaling as the reference does it at the end of its
+// autocast: every amax recorded this step, one per entry of `set`, max-reduced across the
+// group in one all-reduce (skipped for a group of one), then each history updated, so the
+// next step quantizes with fmax / max(history). Nothing (no collective) for an empty set.
+void update_delayed_scaling(const ModuleContext& ctx, DelayedScalingSet& set);
 
 // Row-parallel output: sum the ranks' partial outputs (all-reduce), or under SP
 // reduce-scatter along dim 0 (each rank gets its token slice of the sum).

@@ -78,10 +78,14 @@ int measured_full(std::string_view name, int tp) {
 }
 int minimum(int measured) { return measured < 0 ? -1 : static_cast<int>(kMargin * measured); }
 
+// The mutations of one recipe's code (FP8 delayed scaling's amax bugs) are not run here:
+// without that recipe they are refused, and at one step they change nothing
+// (tests/suite/steps_test.cpp shows both).
 std::vector<MutationParam> all_params() {
   std::vector<MutationParam> out;
   for (int tp : {2, 4, 8}) {
     for (const MutationInfo& m : all_mutations()) {
+      if (m.recipe != Recipe::kNone) continue;
       if (measured_full(m.name, tp) >= 0) {
         out.push_back({"full", tp, "fp32", m, minimum(measured_full(m.name, tp)), true});
       } else {
@@ -92,6 +96,7 @@ std::vector<MutationParam> all_params() {
   }
   for (const std::string gemm : {"tf32", "auto"}) {
     for (const MutationInfo& m : all_mutations()) {
+      if (m.recipe != Recipe::kNone) continue;
       out.push_back({measured_full(m.name, 4) >= 0 ? "full" : "te", 4, gemm, m, 1});
     }
   }

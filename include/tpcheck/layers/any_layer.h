@@ -2,8 +2,9 @@
 //
 // The suite and the test tools run layers without knowing their types: a LayerSpec
 // (kind + JSON options, the keys documented on each layer's Options::from_json) makes
-// an AnyLayer that owns the typed layer and the Saved state between forward and
-// backward. Parameter names carry no prefix ("weight", "fc1_weight", ...).
+// an AnyLayer that owns the typed layer, the Saved state between forward and backward,
+// and the quantization state kept across training steps (FP8 delayed scaling's amax
+// histories). Parameter names carry no prefix ("weight", "fc1_weight", ...).
 // Thread safety: a layer object belongs to one rank.
 #pragma once
 
@@ -34,6 +35,11 @@ class AnyLayer {
   virtual Tensor backward(const OutputGrads& grads) = 0;
   // Weight gradients when delays_wgrad(); otherwise a no-op.
   virtual void backward_dw() = 0;
+  // After a training step (forward, backward, the optimizer's update): the quantization
+  // state of the next step. Under FP8 delayed scaling every amax recorded this step is
+  // max-reduced across the group (one all-reduce) and each amax history updated, so the
+  // next step's scales come from it; for other recipes, nothing (no collective).
+  virtual void update_scaling() = 0;
   // Layouts for the tensors as the layer sees them (rank-2 [T, features] for Linear,
   // norms, LayerNormLinear, LayerNormMLP).
   virtual OutputLayout output_layout() const = 0;

@@ -131,9 +131,16 @@ class Linear {
   Tensor local_bias() const;
   // Under a recipe (ctx_.recipe): `t` with the quantized copy the next GEMM reads (the
   // rowwise one, or the columnwise one for dgrad's weight and wgrad's operands), quantized
-  // from t's own values; without a recipe, `t` unchanged. `what` names t in errors.
+  // from t's own values — or `t` itself when it already carries that copy (a tensor the
+  // FP8 all-gather made); without a recipe, `t` unchanged. `what` names t in errors.
   Tensor quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
                             std::string_view what) const;
+  // SP: the token slice `local` gathered along dim 0 — in high precision, or under FP8
+  // delayed scaling with a context that keeps its state, as the reference's FP8 all-gather
+  // (tp_ops gather_tokens_fp8) of a tensor of role `role`.
+  Tensor gather_for_gemm(const Tensor& local, QuantRole role) const;
+  // The delayed-scaling state of the tensor of `role`, or null (no state kept: scale 1).
+  DelayedScaling* scaling_of(QuantRole role) const;
   // The GEMM front end the three products go through: gemm, or gemm_quantized under a
   // recipe (its operands made by quantized_for_gemm).
   void linear_gemm(std::string_view pass, const Tensor& a, bool trans_a, QuantRole a_role,
@@ -149,6 +156,9 @@ class Linear {
   ModuleContext ctx_;
   std::vector<Parameter> weights_;  // one, or one per split
   std::vector<Parameter> biases_;   // empty without bias
+  // FP8 delayed scaling with ctx_.delayed_scaling: the amax histories of the input, the
+  // weight and the output gradient (indexed by QuantRole), entries of that set; else null.
+  DelayedScaling* scaling_[3] = {nullptr, nullptr, nullptr};
 };
 
 }  // namespace tpcheck

@@ -48,6 +48,11 @@ struct ModuleContext {
   // quantizes its input, weight and output gradient as the reference does; attention's
   // batched products and the norms stay in high precision (docs/QUANTIZATION.md).
   Recipe recipe = Recipe::kNone;
+  // FP8 delayed scaling (recipe kFp8Delayed): where each Linear keeps the amax histories of
+  // the tensors it quantizes (input, weight, output gradient), across the steps of a run.
+  // AnyLayer owns one per layer and updates it after each step (update_scaling). Null: the
+  // scales stay the initial 1 and nothing is recorded (a layer built on its own).
+  DelayedScalingSet* delayed_scaling = nullptr;
 
   int tp_size() const { return comm->size(); }
   int rank() const { return comm->rank(); }
@@ -96,6 +101,14 @@ struct OutputLayout {
   ShardSpec bias;
   ShardSpec layernorm_output;
 };
+
+// One plain SGD step on a parameter, the same in every run (single, sharded, truth):
+// value ← value + (−lr · gradient()), the product and the sum in f32 (f64 when the value
+// is f64), the sum rounded once to the value's dtype; elementwise, so a shard is updated
+// exactly as the same elements of the unsharded parameter. Runs on the backend's device.
+void sgd_update(Backend& backend, Parameter& p, double lr);
+// Zeroes grad (and main_grad) for the next step's accumulation.
+void zero_gradients(Parameter& p);
 
 // Default initializations (docs/LAYERS.md explains the choice):
 //   weights N(0, 0.023) — TransformerEngine's init_method default;
