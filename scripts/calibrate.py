@@ -299,7 +299,11 @@ def main():
     if not os.access(args.tpcheck, os.X_OK):
         sys.exit(f"calibrate: --tpcheck {args.tpcheck} is not an executable (build it first)")
     listing = subprocess.run([args.tpcheck, "mutations"], capture_output=True, text=True, check=True)
-    descriptions = {l.split()[0]: l.split(None, 1)[1] for l in listing.stdout.splitlines() if l.strip()}
+    # The grid runs without a recipe, at one step: the mutations of one recipe's code
+    # ("(needs --recipe R --steps N)": FP8 delayed scaling's amax bugs) are left out; their
+    # detection is tests/suite/steps_test.cpp's and docs/QUANTIZATION.md's table.
+    descriptions = {l.split()[0]: l.split(None, 1)[1] for l in listing.stdout.splitlines()
+                    if l.strip() and "(needs --recipe " not in l}
     mutations = list(descriptions) if args.mutations == "all" else args.mutations.split(",")
     for m in mutations:
         if m not in descriptions:

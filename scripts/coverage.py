@@ -10,9 +10,10 @@ communication steps) and of the CPU collectives (src/comm/thread_group.cpp, comm
     scripts/coverage.py --build build-cov --update-baseline   # after a deliberate change
 
 After the suite, every mutation runs once over MUTATION_CASES (a few full-suite cases
-that reach every mutation's path), so the mutations' code is measured too, and the te
-suite's Linear, LayerNormLinear and LayerNormMLP cases under --recipe fp8_cs (the
-quantized path of Linear).
+that reach every mutation's path), so the mutations' code is measured too — FP8 delayed
+scaling's own (listed "(needs --recipe fp8 --steps 2)") over RECIPE_MUTATION_CASES with
+that recipe and steps — and the te suite's Linear, LayerNormLinear and LayerNormMLP cases
+under --recipe fp8_cs (the quantized path of Linear).
 Branches are gcov's, without exception-only branches (--exclude-throw-branches) and
 unreachable ones (--exclude-unreachable-branches), and without the lines holding the
 error checks (TPCHECK_CHECK / TPCHECK_CHECK_INPUT: bad input, exercised by tests/layers
@@ -30,6 +31,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,9 @@ MUTATION_CASES = "|".join([
     r"^TransformerLayer\.sp[01]\.f32\.activation=swiglu\+mask=window2_3\+residual=post_ln$",
     r"^Linear\.row\.",
 ])
+# The te suite's Linear cases under sequence parallel: a column-parallel input and a
+# row-parallel output gradient, each gathered in FP8 under delayed scaling.
+RECIPE_MUTATION_CASES = r"^Linear\.(column|row)\.sp1\.default$"
 
 
 def run_suite(build, tp):
@@ -73,9 +78,18 @@ def run_suite(build, tp):
         sys.exit(f"coverage: `{' '.join(rcmd)}` exited {r.returncode}:\n{r.stdout[-2000:]}"
                  f"{r.stderr[-2000:]}")
     listing = subprocess.run([cmd[0], "mutations"], capture_output=True, text=True, check=True)
-    for name in [l.split()[0] for l in listing.stdout.splitlines() if l.strip()]:
-        mcmd = cmd[:2] + ["--suite", "full", "--tp", str(tp), "--quiet", "--mutate", name,
-                          "--filter", MUTATION_CASES]
+    for line in [l for l in listing.stdout.splitlines() if l.strip()]:
+        name = line.split()[0]
+        needs = re.search(r"\(needs --recipe (\S+) --steps (\d+)\)$", line)
+        if needs:
+            # A recipe's own bug (FP8 delayed scaling): its recipe, enough steps, and the
+            # te suite's sequence-parallel Linear cases (the FP8 all-gather).
+            mcmd = cmd[:2] + ["--suite", "te", "--tp", str(tp), "--quiet", "--mutate", name,
+                              "--recipe", needs.group(1), "--steps", needs.group(2),
+                              "--filter", RECIPE_MUTATION_CASES]
+        else:
+            mcmd = cmd[:2] + ["--suite", "full", "--tp", str(tp), "--quiet", "--mutate", name,
+                              "--filter", MUTATION_CASES]
         m = subprocess.run(mcmd, capture_output=True, text=True)
         if m.returncode not in (0, 1):  # 1: the mutation was caught, as it should be
             sys.exit(f"coverage: `{' '.join(mcmd)}` exited {m.returncode}: {m.stderr[-1000:]}")

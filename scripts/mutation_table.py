@@ -2,22 +2,28 @@
 """Runs a suite once per mutation and prints, per TP size, how many cases each policy
 fails: the mutation tables of the README and docs/POLICIES.md.
 
-Usage: scripts/mutation_table.py [build/tpcheck] [--suite te|full] [--mutations a,b] [TP ...]
+Usage: scripts/mutation_table.py [build/tpcheck] [--suite te|full] [--mutations a,b]
+                                 [--recipe R] [--steps N] [TP ...]
 The suite is always passed to `tpcheck run` explicitly (default: te, the reference's
 matrix the README's first table is about); `--suite full` gives the full suite's table.
+A mutation that `tpcheck mutations` lists as "(needs --recipe R --steps N)" is left out
+unless --recipe R is given (docs/QUANTIZATION.md's table: --recipe fp8 --steps 1 and 2).
 """
 import argparse
 import json
+import re
 import subprocess
 import tempfile
 
 POLICIES = ["te", "allclose", "truth", "bitwise"]
+NEEDS_RE = re.compile(r" \(needs --recipe (\S+) --steps (\d+)\)$")
 
 
-def failures(tpcheck, suite, tp, mutation):
+def failures(tpcheck, suite, tp, mutation, extra=()):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([tpcheck, "run", "--suite", suite, "--tp", str(tp), "--mutate", mutation,
-                        "--quiet", "--json", f.name], stdout=subprocess.DEVNULL, check=False)
+                        "--quiet", "--json", f.name, *extra], stdout=subprocess.DEVNULL,
+                       check=False)
         report = json.load(open(f.name))
     cases = report["cases"]
     return {p: sum(c["verdicts"][p]["status"] == "fail" for c in cases) for p in POLICIES}, len(cases)
@@ -29,21 +35,31 @@ def main():
     ap.add_argument("tps", nargs="*", type=int)
     ap.add_argument("--suite", default="te", choices=["te", "full"])
     ap.add_argument("--mutations", default="all", help="comma list, or 'all'")
+    ap.add_argument("--recipe", default=None, help="passed to tpcheck run")
+    ap.add_argument("--steps", type=int, default=None, help="passed to tpcheck run")
     args = ap.parse_args()
     tps = args.tps or [2, 4, 8]
+    extra = (["--recipe", args.recipe] if args.recipe else []) + (
+        ["--steps", str(args.steps)] if args.steps else [])
     listing = subprocess.run([args.tpcheck, "mutations"], capture_output=True, text=True, check=True)
-    mutations = [(line.split()[0], line.split(None, 1)[1]) for line in listing.stdout.splitlines()]
+    mutations = []
+    for line in listing.stdout.splitlines():
+        name, description = line.split()[0], line.split(None, 1)[1]
+        needs = NEEDS_RE.search(description)
+        if needs and needs.group(1) != args.recipe:
+            continue  # refused without its recipe
+        mutations.append((name, NEEDS_RE.sub("", description)))
     if args.mutations != "all":
         wanted = args.mutations.split(",")
         mutations = [m for m in mutations if m[0] in wanted]
-    print(f"suite {args.suite}")
+    print(f"suite {args.suite}" + (f", {' '.join(extra)}" if extra else ""))
     header = "| mutation | what it breaks | " + " | ".join(f"TP {tp}: te / allclose / truth" for tp in tps) + " |"
     print(header)
     print("|" + "---|" * (2 + len(tps)))
     for name, description in [("none", "no bug: false alarms")] + mutations:
         cells = []
         for tp in tps:
-            counts, total = failures(args.tpcheck, args.suite, tp, name)
+            counts, total = failures(args.tpcheck, args.suite, tp, name, extra)
             cells.append(" / ".join(str(counts[p]) for p in ["te", "allclose", "truth"]) + f" of {total}")
         print(f"| `{name}` | {description} | " + " | ".join(cells) + " |", flush=True)
 

@@ -3,8 +3,11 @@
 // Console: one line per case (verdict under the chosen policy, every policy's verdict,
 // the deciding tensor), the reference suite's "NUMERICAL CHECK FAILED" line for every
 // tensor failing `te`, GEMM sites whose class differs, and a last line exactly
-// "N passed, M failed" for the chosen policy.
-// JSON: schema "tpcheck.run/1" (documented in README.md), same names as the console.
+// "N passed, M failed" for the chosen policy. With several training steps the deciding
+// tensor, the reason and the reference lines name their step ("step 2: ...").
+// JSON: schema "tpcheck.run/1" (documented in README.md), same names as the console; with
+// several steps each case holds `steps` (each step's verdicts and tensors) in place of
+// `tensors`.
 // Thread safety: pure functions.
 #pragma once
 
@@ -27,6 +30,7 @@ struct RunSettings {
   std::string mutation = "none";
   std::string cpu_gemm = "fp32";
   std::string recipe = "none";    // quant.h recipe_name
+  int steps = 1;                  // training steps per run (RunConfig::steps)
   std::vector<Policy> policies;   // reported policies
   std::size_t chosen_policy = 0;  // index into policies: decides pass/fail and exit code
   CompareOptions compare;

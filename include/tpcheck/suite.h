@@ -5,7 +5,11 @@
 // parameters and inputs — single (unsharded, case dtype), sharded (TP = N, thread ranks
 // on the CPU), truth (unsharded, f64 everywhere) — through MSE loss, forward then
 // backward (then backward_dw where delayed), and returns every compared tensor
-// reassembled to its global shape, plus each run's GEMM ledger.
+// reassembled to its global shape, plus each run's GEMM ledger. With RunConfig::steps
+// N > 1 each run trains N steps on the same input and targets — after each step's
+// backward a plain SGD update (kSgdLearningRate) of every parameter and the quantization
+// state's update (AnyLayer::update_scaling) — and the tensors are compared after every
+// step.
 // Thread safety: run_case starts its own rank threads; call it from one thread.
 #pragma once
 
@@ -107,6 +111,12 @@ struct Execution {
 // The CPU backend with thread ranks (what CI runs).
 Execution cpu_execution();
 
+// The learning rate of the SGD update between steps (module.h sgd_update): a power of two,
+// so −lr · g is exact in every dtype; large enough that one step visibly moves the te
+// suite's parameters (‖lr·g‖ / ‖w‖ measured at seed 1234: 0.35 for Linear's weight, 0.03
+// for LayerNormMLP's, 0.007–0.02 for TransformerLayer's projections; README, --steps).
+inline constexpr double kSgdLearningRate = 1.0;
+
 struct RunConfig {
   int tp = 4;
   std::uint64_t seed = 1234;
@@ -120,6 +130,9 @@ struct RunConfig {
   // The quantized recipe of the single and sharded runs' Linear GEMMs (quant.h); truth
   // never quantizes. CPU backend only so far (check_case refuses others).
   Recipe recipe = Recipe::kNone;
+  // Training steps per run (>= 1): forward, backward, then (before the next step) the SGD
+  // update and the quantization state's update; compared after every step.
+  int steps = 1;
 };
 
 // One compared tensor, global shape, in each run.
@@ -134,7 +147,10 @@ struct ComparedTensor {
 };
 
 struct CaseRun {
-  std::vector<ComparedTensor> tensors;
+  // The compared tensors after each training step: steps[s] after step s + 1
+  // (RunConfig::steps entries, in the same order each step).
+  std::vector<std::vector<ComparedTensor>> steps;
+  // Every step's GEMMs and collectives, in order.
   std::vector<GemmRecord> single_gemms, truth_gemms;
   std::vector<GemmRecord> sharded_gemms;  // rank 0's ledger (the one diffs are shown for)
   std::vector<std::vector<GemmRecord>> sharded_gemms_by_rank;  // every rank's ledger
@@ -144,8 +160,12 @@ struct CaseRun {
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config);
 
-// Builds the case's layers — unsharded, and rank 0 of the sharded group — without running
-// them, so bad options or sizes fail (Error(kInput)) before any case runs.
+// Error(kInput) for a configuration no case can run: steps < 1, or a mutation of one
+// recipe's code (MutationInfo::recipe) under another recipe.
+void check_run_config(const RunConfig& config);
+// check_run_config, then builds the case's layers — unsharded, and rank 0 of the sharded
+// group — without running them, so bad options or sizes fail (Error(kInput)) before any
+// case runs.
 void check_case(const SuiteCase& c, const RunConfig& config);
 
 // ---- judging ----------------------------------------------------------------------
@@ -162,11 +182,20 @@ struct TensorResult {
   std::vector<Verdict> verdicts;  // one per JudgeConfig::policies entry
 };
 
+// One training step of a case, judged.
+struct StepResult {
+  int step = 1;  // 1-based
+  std::vector<TensorResult> tensors;
+  std::vector<Verdict> verdicts;  // per policy: fails if any tensor fails
+};
+
 struct CaseResult {
   SuiteCase spec;
   int tp = 1;
-  std::vector<TensorResult> tensors;
-  std::vector<Verdict> verdicts;  // per policy: fails if any tensor fails
+  std::vector<StepResult> steps;  // one per training step, in order
+  // Per policy, the case's verdict: its worst step's (the first of them), reason prefixed
+  // "step k: " when there are several steps.
+  std::vector<Verdict> verdicts;
   std::vector<Policy> policies;   // as applied (truth: with this case's u and K)
   std::vector<GemmClassDiff> gemm_class_diffs;
   std::size_t gemm_count_single = 0, gemm_count_sharded = 0;
@@ -180,8 +209,13 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
 // classes: their f32 accumulation; judge.cpp says why).
 double math_class_unit_roundoff(MathClass c);
 
-// Index of the tensor that decides the case under policy `p` (the first failing one, else
-// the one with the largest sharded-vs-single norm-wise difference); -1 if none.
+// The step that decides the case under policy `p`: the first whose verdict is the case's
+// (so the first failing step of a failing case; the last step of a passing one).
+// REQUIRES: result.steps not empty.
+const StepResult& deciding_step(const CaseResult& result, std::size_t p);
+// Index, in deciding_step(result, p).tensors, of the tensor that decides the case under
+// policy `p` (the first failing one, else the one with the largest sharded-vs-single
+// norm-wise difference); -1 if none.
 int worst_tensor(const CaseResult& result, std::size_t p);
 
 }  // namespace tpcheck

@@ -95,7 +95,15 @@ int list_command(const RunArgs& a) {
 }
 
 int mutations_command() {
-  for (const MutationInfo& m : all_mutations()) fmt::print("{:<28} {}\n", m.name, m.description);
+  // A mutation that lives in one recipe's code says so, in a form scripts can match:
+  // "(needs --recipe NAME --steps N)".
+  for (const MutationInfo& m : all_mutations()) {
+    const std::string needs =
+        m.recipe == Recipe::kNone
+            ? ""
+            : fmt::format(" (needs --recipe {} --steps {})", recipe_name(m.recipe), m.first_step);
+    fmt::print("{:<28} {}{}\n", m.name, m.description, needs);
+  }
   return kExitPass;
 }
 

@@ -1,6 +1,7 @@
 // run_options.cpp — see run_options.h.
 #include "cli/run_options.h"
 
+#include <charconv>
 #include <regex>
 
 #include "tpcheck/error.h"
@@ -45,6 +46,10 @@ void add_case_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--recipe", a.recipe,
                   "quantized recipe of the Linear GEMMs: none (default), fp8, fp8_cs, "
                   "fp8_block_scaling, mxfp8 or nvfp4 (cpu backend)");
+  cmd->add_option("--steps", a.steps,
+                  "training steps per run (default 1): the same input each step, SGD with "
+                  "learning rate 1 between steps, FP8 delayed scaling's amaxes reduced and "
+                  "histories updated; compared after every step");
   cmd->add_option("--rtol", a.rtol, "override rtol of te/allclose");
   cmd->add_option("--atol", a.atol, "override atol of te/allclose");
   add_size_options(cmd, a);
@@ -63,6 +68,17 @@ GemmClassRule parse_cpu_gemm(const std::string& name) {
   }
   throw Error(ErrorKind::kInput,
               fmt::format("unknown --cpu-gemm '{}'; expected one of fp32, tf32, auto", name));
+}
+
+int parse_steps(const std::string& text) {
+  int steps = 0;
+  const char* end = text.data() + text.size();
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  const auto [ptr, ec] = std::from_chars(text.data(), end, steps);
+  TPCHECK_CHECK_INPUT(digits && ec == std::errc() && ptr == end && steps >= 1,
+                      "--steps '{}': expected a whole number of training steps >= 1 (default 1)",
+                      text);
+  return steps;
 }
 
 std::vector<SuiteCase> select_cases(const Suite& suite, const std::string& filter) {
@@ -92,6 +108,7 @@ PreparedRun prepare_run(const RunArgs& a) {
   const Mutation mutation = parse_mutation(a.mutate);
   const GemmClassRule rule = parse_cpu_gemm(a.cpu_gemm);
   const Recipe recipe = parse_recipe(a.recipe);
+  const int steps = parse_steps(a.steps);
   TPCHECK_CHECK_INPUT(a.tp >= 1 && a.tp <= 64, "--tp must be between 1 and 64, got {}", a.tp);
   if (a.rtol) TPCHECK_CHECK_INPUT(*a.rtol >= 0, "--rtol must be >= 0, got {}", *a.rtol);
   if (a.atol) TPCHECK_CHECK_INPUT(*a.atol >= 0, "--atol must be >= 0, got {}", *a.atol);
@@ -104,6 +121,7 @@ PreparedRun prepare_run(const RunArgs& a) {
   settings.mutation = std::string(mutation_name(mutation));
   settings.cpu_gemm = a.cpu_gemm;
   settings.recipe = std::string(recipe_name(recipe));
+  settings.steps = steps;
   for (const std::string& name : policy_names()) settings.policies.push_back(parse_policy(name));
   for (std::size_t i = 0; i < settings.policies.size(); ++i) {
     if (settings.policies[i].kind == chosen.kind) settings.chosen_policy = i;
@@ -128,6 +146,8 @@ PreparedRun prepare_run(const RunArgs& a) {
   if (!a.execution.inject_failure.empty())
     inject_failure(p.config.execution, a.execution.inject_failure, a.tp);
   p.config.recipe = recipe;
+  p.config.steps = steps;
+  check_run_config(p.config);
   p.judge = JudgeConfig{settings.policies, settings.compare};
   p.reports = resolved.reports;
   return p;

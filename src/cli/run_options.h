@@ -24,6 +24,7 @@ struct RunArgs {
   std::string mutate = "none";
   std::string cpu_gemm = "fp32";
   std::string recipe = "none";
+  std::string steps = "1";  // as given: parse_steps checks it
   std::string json_path;
   std::string html_path;
   std::optional<double> rtol, atol;
@@ -36,10 +37,12 @@ struct RunArgs {
 // --hidden, --ffn, --heads, --seq, --batch.
 void add_size_options(CLI::App* cmd, RunArgs& a);
 // Every option that shapes a case and how it runs: backend options, --tp, --suite,
-// --policy, --seed, --mutate, --cpu-gemm, --rtol, --atol and the sizes.
+// --policy, --seed, --mutate, --cpu-gemm, --recipe, --steps, --rtol, --atol and the sizes.
 void add_case_options(CLI::App* cmd, RunArgs& a);
 
 GemmClassRule parse_cpu_gemm(const std::string& name);
+// --steps: a whole number >= 1, written in decimal digits; Error(kInput) naming the text.
+int parse_steps(const std::string& text);
 
 // The suite's cases matching --filter (all without one); an empty match is an input error.
 std::vector<SuiteCase> select_cases(const Suite& suite, const std::string& filter);

@@ -87,6 +87,12 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
                       config.tp);
   TPCHECK_CHECK_INPUT(options.chosen_policy < judge.policies.size(), "explain: no policy {}",
                       options.chosen_policy);
+  // The trail lines up one forward and backward; later steps would append theirs to the
+  // same recordings.
+  TPCHECK_CHECK_INPUT(config.steps == 1,
+                      "tpcheck explain looks at one training step; --steps {} is for tpcheck run "
+                      "(the run's report names the step that fails)",
+                      config.steps);
   std::size_t truth_policy = judge.policies.size();
   for (std::size_t p = 0; p < judge.policies.size(); ++p) {
     if (judge.policies[p].kind == PolicyKind::kTruth) truth_policy = p;
@@ -112,11 +118,12 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
                                      out.result.policies[truth_policy].truth);
   }
   const CaseResult& result = out.result;
+  const StepResult& step = result.steps.front();  // the only one (above)
 
   // The tensors to explain: the failing ones, else the worst.
   std::vector<int> picked;
-  for (std::size_t i = 0; i < result.tensors.size(); ++i) {
-    if (!result.tensors[i].verdicts[options.chosen_policy].passed())
+  for (std::size_t i = 0; i < step.tensors.size(); ++i) {
+    if (!step.tensors[i].verdicts[options.chosen_policy].passed())
       picked.push_back(static_cast<int>(i));
   }
   const bool failing = !picked.empty();
@@ -129,7 +136,7 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
   const int deciding = worst_tensor(result, options.chosen_policy);
   std::stable_sort(picked.begin(), picked.end(), [&](int a, int b) {
     if ((a == deciding) != (b == deciding)) return a == deciding;
-    return result.tensors[a].comparison.norm_rel_diff > result.tensors[b].comparison.norm_rel_diff;
+    return step.tensors[a].comparison.norm_rel_diff > step.tensors[b].comparison.norm_rel_diff;
   });
   if (static_cast<int>(picked.size()) > options.max_tensors) picked.resize(options.max_tensors);
 
@@ -137,7 +144,7 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
   std::set<std::string> sites_to_force;
   std::vector<std::string> site_order;
   for (int i : picked) {
-    const TensorResult& t = result.tensors[i];
+    const TensorResult& t = step.tensors[i];
     TensorExplanation x;
     x.name = t.name;
     x.kind = t.kind;
@@ -189,7 +196,7 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
         ++out.reruns;
         for (const TensorExplanation& x : out.tensors) {
           double remaining = NAN;
-          for (const ComparedTensor& t : rerun.tensors) {
+          for (const ComparedTensor& t : rerun.steps.front()) {
             if (t.name == x.name && t.kind == x.kind) remaining = norm_rel(t.sharded, t.single);
           }
           cf.remaining.push_back(remaining);
@@ -203,7 +210,7 @@ CaseExplanation explain_case(const SuiteCase& c, const RunConfig& config, const 
   // The closing sentence of each tensor.
   for (std::size_t k = 0; k < out.tensors.size(); ++k) {
     TensorExplanation& x = out.tensors[k];
-    const TensorResult& t = result.tensors[picked[k]];
+    const TensorResult& t = step.tensors[picked[k]];
     for (const Counterfactual& cf : out.counterfactuals) {
       if (cf.site == "all") continue;
       if (cf.removed[k] > x.best_removed) {

@@ -24,10 +24,11 @@ Summary summarize(const std::vector<CaseResult>& results, std::size_t chosen_pol
 }
 
 void print_header(std::ostream& out, const RunSettings& settings, std::size_t case_count) {
-  fmt::print(out, "tpcheck: suite {} | {} case{} | backend {} | tp {} | seed {} | cpu-gemm {} | policy {}{}{}\n",
+  fmt::print(out, "tpcheck: suite {} | {} case{} | backend {} | tp {} | seed {} | cpu-gemm {} | policy {}{}{}{}\n",
              settings.suite, case_count, case_count == 1 ? "" : "s", settings.backend, settings.tp, settings.seed,
              settings.cpu_gemm, policy_name(settings.policies[settings.chosen_policy].kind),
              settings.recipe == "none" ? "" : " | recipe " + settings.recipe,
+             settings.steps == 1 ? "" : fmt::format(" | steps {}", settings.steps),
              settings.mutation == "none" ? "" : " | mutation " + settings.mutation);
   for (const std::string& note : settings.notes) fmt::print(out, "note: {}\n", note);
 }
@@ -39,10 +40,13 @@ void print_case(std::ostream& out, const CaseResult& result, const RunSettings& 
     all += fmt::format(" {}={}", policy_name(settings.policies[p].kind),
                        verdict_status_name(result.verdicts[p].status));
   }
+  const bool several_steps = result.steps.size() > 1;
   std::string worst = "-";
   if (int w = worst_tensor(result, chosen); w >= 0) {
-    const TensorResult& t = result.tensors[w];
-    worst = fmt::format("{} (max |diff| {:.3g}, norm-wise {:.3g})", t.name,
+    const StepResult& step = deciding_step(result, chosen);
+    const TensorResult& t = step.tensors[w];
+    worst = fmt::format("{}{} (max |diff| {:.3g}, norm-wise {:.3g})",
+                        several_steps ? fmt::format("step {}: ", step.step) : "", t.name,
                         t.comparison.max_abs_diff, t.comparison.norm_rel_diff);
   }
   fmt::print(out, "{} {:<60} |{} | worst: {}\n", status_word(result.verdicts[chosen].status),
@@ -51,15 +55,17 @@ void print_case(std::ostream& out, const CaseResult& result, const RunSettings& 
     fmt::print(out, "     why: {}\n", result.verdicts[chosen].reason);
   }
   // The reference suite's own line for every tensor failing `te` (its param index or
-  // "outputs", as it prints them).
+  // "outputs", as it prints them), at the first step te fails.
   for (std::size_t p = 0; p < settings.policies.size(); ++p) {
     if (settings.policies[p].kind != PolicyKind::kTe) continue;
-    for (const TensorResult& t : result.tensors) {
+    const StepResult& step = deciding_step(result, p);
+    for (const TensorResult& t : step.tensors) {
       if (t.verdicts[p].passed() || !t.comparison.has_tolerance || t.comparison.numel == 0) continue;
       const std::string label = t.kind == "gradient"         ? std::to_string(t.index)
                                 : t.kind == "input_gradient" ? "input"
                                                              : "outputs";
-      fmt::print(out, "     {}  [{}]\n", format_te_failure(label, t.comparison), t.name);
+      fmt::print(out, "     {}{}  [{}]\n", several_steps ? fmt::format("step {}: ", step.step) : "",
+                 format_te_failure(label, t.comparison), t.name);
     }
   }
   for (const GemmClassDiff& d : result.gemm_class_diffs) {

@@ -239,16 +239,20 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     const CaseResult& r = results[i];
     const bool case_fails = !r.verdicts[chosen].passed();
     nlohmann::json c = {{"index", i}, {"tensors", nlohmann::json::array()}};
+    // The step that decides the case (the first failing one).
+    const StepResult& step = deciding_step(r, chosen);
+    const std::vector<ComparedTensor>& compared = runs[i].steps[step.step - 1];
+    if (r.steps.size() > 1) c["step"] = step.step;
     std::vector<int> plotted;
-    for (std::size_t t = 0; t < r.tensors.size() && plotted.size() < 3; ++t) {
-      if (!r.tensors[t].verdicts[chosen].passed()) plotted.push_back(static_cast<int>(t));
+    for (std::size_t t = 0; t < step.tensors.size() && plotted.size() < 3; ++t) {
+      if (!step.tensors[t].verdicts[chosen].passed()) plotted.push_back(static_cast<int>(t));
     }
     if (plotted.empty()) {
       const int w = worst_tensor(r, chosen);
       if (w >= 0) plotted.push_back(w);
     }
     for (int t : plotted) {
-      c["tensors"].push_back(tensor_plot(runs[i].tensors[t], r.tensors[t], chosen, case_fails));
+      c["tensors"].push_back(tensor_plot(compared[t], step.tensors[t], chosen, case_fails));
     }
     if (i < explanations.size() && explanations[i] != nullptr)
       c["explanation"] = explanation_plot(*explanations[i]);
@@ -300,9 +304,11 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     }
     const int w = worst_tensor(r, chosen);
     if (w >= 0) {
-      const TensorComparison& c = r.tensors[w].comparison;
-      out << fmt::format("<td>{}</td><td>{:.3g}</td><td>{:.3g}</td>",
-                         escape_html(r.tensors[w].name), c.max_abs_diff, c.norm_rel_diff);
+      const StepResult& step = deciding_step(r, chosen);
+      const TensorComparison& c = step.tensors[w].comparison;
+      const std::string at = r.steps.size() > 1 ? fmt::format(" (step {})", step.step) : "";
+      out << fmt::format("<td>{}{}</td><td>{:.3g}</td><td>{:.3g}</td>",
+                         escape_html(step.tensors[w].name), at, c.max_abs_diff, c.norm_rel_diff);
     } else {
       out << "<td>-</td><td></td><td></td>";
     }

@@ -84,17 +84,21 @@ json gemm_json(const GemmRecord& r) {
   return j;
 }
 
-}  // namespace
-
-json case_to_json(const CaseResult& result, const RunSettings& settings) {
+json tensors_json(const std::vector<TensorResult>& results, const RunSettings& settings) {
   json tensors = json::array();
-  for (const TensorResult& t : result.tensors) {
+  for (const TensorResult& t : results) {
     tensors.push_back({{"name", t.name},
                        {"kind", t.kind},
                        {"index", t.index},
                        {"statistics", comparison_json(t.comparison)},
                        {"verdicts", verdicts_json(t.verdicts, settings)}});
   }
+  return tensors;
+}
+
+}  // namespace
+
+json case_to_json(const CaseResult& result, const RunSettings& settings) {
   json diffs = json::array();
   for (const GemmClassDiff& d : result.gemm_class_diffs) {
     diffs.push_back({{"site", d.site}, {"occurrence", d.occurrence},
@@ -116,21 +120,34 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
                    {"reduction_length", p.truth.reduction_length},
                    {"tp_size", p.truth.tp_size}};
   }
-  return {{"id", result.spec.id},
-          {"module", result.spec.module},
-          {"variant", result.spec.variant},
-          {"options", result.spec.options},
-          {"tp", result.tp},
-          {"sequence_parallel", result.spec.sequence_parallel},
-          {"dtype", dtype_name(result.spec.dtype)},
-          {"input_shape", result.spec.input_shape},
-          {"verdicts", verdicts_json(result.verdicts, settings)},
-          {"truth_model", std::move(truth_model)},
-          {"tensors", std::move(tensors)},
-          {"gemm_class_diffs", std::move(diffs)},
-          {"collectives", std::move(collectives)},
-          {"gemm_count", {{"single", result.gemm_count_single}, {"sharded_rank0", result.gemm_count_sharded}}},
-          {"seconds", result.seconds}};
+  json j = {{"id", result.spec.id},
+            {"module", result.spec.module},
+            {"variant", result.spec.variant},
+            {"options", result.spec.options},
+            {"tp", result.tp},
+            {"sequence_parallel", result.spec.sequence_parallel},
+            {"dtype", dtype_name(result.spec.dtype)},
+            {"input_shape", result.spec.input_shape},
+            {"verdicts", verdicts_json(result.verdicts, settings)},
+            {"truth_model", std::move(truth_model)},
+            {"gemm_class_diffs", std::move(diffs)},
+            {"collectives", std::move(collectives)},
+            {"gemm_count", {{"single", result.gemm_count_single}, {"sharded_rank0", result.gemm_count_sharded}}},
+            {"seconds", result.seconds}};
+  if (result.steps.size() == 1) {
+    j["tensors"] = tensors_json(result.steps.front().tensors, settings);
+  } else {
+    // Several training steps: each step's verdicts and tensors; the case's verdicts above
+    // are its worst step's.
+    json steps = json::array();
+    for (const StepResult& s : result.steps) {
+      steps.push_back({{"step", s.step},
+                       {"verdicts", verdicts_json(s.verdicts, settings)},
+                       {"tensors", tensors_json(s.tensors, settings)}});
+    }
+    j["steps"] = std::move(steps);
+  }
+  return j;
 }
 
 json run_to_json(const std::vector<CaseResult>& results, const RunSettings& settings) {
@@ -156,6 +173,7 @@ json run_to_json(const std::vector<CaseResult>& results, const RunSettings& sett
                      {"seed", settings.seed},
                      {"mutation", settings.mutation},
                      {"recipe", settings.recipe},
+                     {"steps", settings.steps},
                      {"cpu_gemm", settings.cpu_gemm},
                      {"policy", policy_name(settings.policies[settings.chosen_policy].kind)},
                      {"tolerance_override", compare},

@@ -1,5 +1,6 @@
-// judge_case: statistics for every compared tensor, every policy's verdict, and the GEMM
-// sites whose numerical class differs between the single and the sharded run.
+// judge_case: statistics for every compared tensor of every step, every policy's verdict
+// per step and for the case, and the GEMM sites whose numerical class differs between the
+// single and the sharded run.
 #include "tpcheck/error.h"
 #include "tpcheck/suite.h"
 
@@ -66,33 +67,61 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
   }
   result.policies = policies;
 
-  for (const ComparedTensor& t : run.tensors) {
-    TensorResult r{t.name, t.kind, t.index,
-                   compare_tensors(t.sharded, t.single, &t.truth, config.compare,
-                                   t.rounding_noise.defined() ? &t.rounding_noise : nullptr),
-                   {}};
-    for (const Policy& p : policies) r.verdicts.push_back(evaluate(p, r.comparison));
-    result.tensors.push_back(std::move(r));
+  for (std::size_t s = 0; s < run.steps.size(); ++s) {
+    StepResult& step = result.steps.emplace_back();
+    step.step = static_cast<int>(s) + 1;
+    for (const ComparedTensor& t : run.steps[s]) {
+      TensorResult r{t.name, t.kind, t.index,
+                     compare_tensors(t.sharded, t.single, &t.truth, config.compare,
+                                     t.rounding_noise.defined() ? &t.rounding_noise : nullptr),
+                     {}};
+      for (const Policy& p : policies) r.verdicts.push_back(evaluate(p, r.comparison));
+      step.tensors.push_back(std::move(r));
+    }
+    // A step's verdict under a policy: its worst tensor's (fail > warning > pass).
+    for (std::size_t p = 0; p < config.policies.size(); ++p) {
+      Verdict v{VerdictStatus::kPass, "every tensor passes"};
+      for (const TensorResult& t : step.tensors) {
+        const Verdict& tv = t.verdicts[p];
+        if (tv.status > v.status) v = Verdict{tv.status, t.name + ": " + tv.reason};
+      }
+      step.verdicts.push_back(std::move(v));
+    }
   }
 
-  // A case's verdict under a policy: its worst tensor's (fail > warning > pass).
+  // The case's verdict: its worst step's, the first of them; which step, when there are
+  // several.
   for (std::size_t p = 0; p < config.policies.size(); ++p) {
-    Verdict v{VerdictStatus::kPass, "every tensor passes"};
-    for (const TensorResult& t : result.tensors) {
-      const Verdict& tv = t.verdicts[p];
-      if (tv.status > v.status) v = Verdict{tv.status, t.name + ": " + tv.reason};
+    const StepResult& decisive = deciding_step(result, p);
+    Verdict v = decisive.verdicts[p];
+    if (result.steps.size() > 1) {
+      v.reason = v.status == VerdictStatus::kPass
+                     ? fmt::format("every tensor passes at each of the {} steps", result.steps.size())
+                     : fmt::format("step {}: {}", decisive.step, v.reason);
     }
     result.verdicts.push_back(std::move(v));
   }
   return result;
 }
 
+const StepResult& deciding_step(const CaseResult& result, std::size_t p) {
+  TPCHECK_CHECK(!result.steps.empty(), "case {}: no step was judged", result.spec.id);
+  const StepResult* worst = &result.steps.front();
+  for (const StepResult& s : result.steps) {
+    if (s.verdicts[p].status > worst->verdicts[p].status) worst = &s;
+  }
+  // A passing case: its last step (the one furthest from the start).
+  if (worst->verdicts[p].status == VerdictStatus::kPass) return result.steps.back();
+  return *worst;
+}
+
 int worst_tensor(const CaseResult& result, std::size_t p) {
+  const std::vector<TensorResult>& tensors = deciding_step(result, p).tensors;
   int worst = -1;
-  for (std::size_t i = 0; i < result.tensors.size(); ++i) {
-    const TensorResult& t = result.tensors[i];
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorResult& t = tensors[i];
     if (!t.verdicts[p].passed()) return static_cast<int>(i);
-    if (worst < 0 || t.comparison.norm_rel_diff > result.tensors[worst].comparison.norm_rel_diff) {
+    if (worst < 0 || t.comparison.norm_rel_diff > tensors[worst].comparison.norm_rel_diff) {
       worst = static_cast<int>(i);
     }
   }

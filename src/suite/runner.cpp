@@ -1,13 +1,16 @@
 // run_case: one suite case, three runs (single, sharded, truth), every compared tensor
 // reassembled to its global shape.
 //
-// Data flow, identical in the three runs:
+// Data flow, identical in the three runs, once per training step (RunConfig::steps):
 //   global input ──(input layout)──▶ local input ─▶ layer.forward ─▶ local outputs
 //   local outputs ──all_gather──▶ global outputs ─▶ MSE loss gradients (global, f64)
 //   global gradients ──(output layout)──▶ local output gradients ─▶ layer.backward
-//   (+ backward_dw) ─▶ parameter gradients (local shards) ─▶ reassembled after the run.
-// The loss gradient is computed on the gathered global output, as the reference suite
-// does with its differentiable gather; the runner's own gathers are never mutated.
+//   (+ backward_dw) ─▶ parameter gradients (local shards) ─▶ kept for this step
+//   then, before the next step: SGD on every parameter (sgd_update, kSgdLearningRate),
+//   gradients zeroed, the quantization state updated (AnyLayer::update_scaling).
+// The same input and targets every step. The loss gradient is computed on the gathered
+// global output, as the reference suite does with its differentiable gather; the
+// runner's own gathers are never mutated.
 #include <chrono>
 #include <string_view>
 #include <vector>
@@ -19,12 +22,17 @@
 namespace tpcheck {
 namespace {
 
-// Everything one rank (or the single / truth run) produced, still sharded.
-struct RankResult {
+// What one rank (or the single / truth run) produced in one step, still sharded.
+struct StepOutputs {
   LayerOutputs outputs;
   std::vector<Tensor> gradients;  // Parameter::gradient(), in parameters() order
   Tensor input_gradient;          // what backward returns: dL/dinput, input_layout()
-  std::vector<GemmRecord> gemms;
+};
+
+// Everything one rank (or the single / truth run) produced.
+struct RankResult {
+  std::vector<StepOutputs> steps;  // one per training step
+  std::vector<GemmRecord> gemms;   // every step's
   std::vector<CommRecord> comms;
 };
 
@@ -106,9 +114,10 @@ LayerOutputs to_host(const LayerOutputs& o) {
   return {host(o.output), host(o.bias), host(o.layernorm_output)};
 }
 
-// One run of the case on one rank of `comm` (size 1 for single and truth).
+// One run of the case on one rank of `comm` (size 1 for single and truth): `steps`
+// training steps.
 RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                    const GemmClassRule& rule, Mutation mutation, Recipe recipe,
+                    const GemmClassRule& rule, Mutation mutation, Recipe recipe, int steps,
                     std::uint64_t seed, const Execution& execution, Communicator& group,
                     Layouts* layouts) {
   std::unique_ptr<Communicator> wrapped;
@@ -127,34 +136,49 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   // to the host for the loss and the comparison.
   Tensor input = generate(FillSpec::normal(0, 1), seed, "input", c.input_shape, dtype,
                           layer->input_layout(), comm.rank(), comm.size(), device);
-  LayerOutputs local = layer->forward(input);
   const OutputLayout layout = layer->output_layout();
-
-  LayerOutputs global;
-  global.output = gather_global(comm, local.output, layout.output);
-  if (local.bias.defined()) global.bias = gather_global(comm, local.bias, layout.bias);
-  if (local.layernorm_output.defined())
-    global.layernorm_output = gather_global(comm, local.layernorm_output, layout.layernorm_output);
-
-  OutputGrads global_grads = loss_gradients(to_host(global), seed, c.loss, device);
-  auto local_grad = [&](const Tensor& g, const ShardSpec& spec) {
-    const Tensor shard = shard_of(g, spec, comm);
-    return shard.defined() ? shard.to_device(device) : shard;
-  };
-  OutputGrads grads{local_grad(global_grads.output, layout.output),
-                    local_grad(global_grads.bias, layout.bias),
-                    local_grad(global_grads.layernorm_output, layout.layernorm_output)};
   // The results stay where they were computed (the comparison reads them there), unless
   // the execution asks for host copies. A device tensor outlives its backend: the
   // backend's destructor waits for its stream, so every result is complete by then.
   const bool host = execution.results_on_host;
   auto keep = [host](const Tensor& t) { return host && t.defined() ? t.to_host() : t; };
+  auto local_grad = [&](const Tensor& g, const ShardSpec& spec) {
+    const Tensor shard = shard_of(g, spec, comm);
+    return shard.defined() ? shard.to_device(device) : shard;
+  };
   RankResult result;
-  result.input_gradient = keep(layer->backward(grads));
-  if (layer->delays_wgrad()) layer->backward_dw();
+  for (int step = 1; step <= steps; ++step) {
+    if (step > 1) {
+      // Between steps, identically in every run: the optimizer, then the next step's
+      // quantization state (delayed scaling's amax reduction and history update).
+      for (Parameter* p : layer->parameters()) {
+        sgd_update(*backend, *p, kSgdLearningRate);
+        zero_gradients(*p);
+      }
+      layer->update_scaling();
+    }
+    LayerOutputs local = layer->forward(input);
+    LayerOutputs global;
+    global.output = gather_global(comm, local.output, layout.output);
+    if (local.bias.defined()) global.bias = gather_global(comm, local.bias, layout.bias);
+    if (local.layernorm_output.defined())
+      global.layernorm_output =
+          gather_global(comm, local.layernorm_output, layout.layernorm_output);
 
-  result.outputs = host ? to_host(local) : local;
-  for (Parameter* p : layer->parameters()) result.gradients.push_back(keep(p->gradient()));
+    OutputGrads global_grads = loss_gradients(to_host(global), seed, c.loss, device);
+    OutputGrads grads{local_grad(global_grads.output, layout.output),
+                      local_grad(global_grads.bias, layout.bias),
+                      local_grad(global_grads.layernorm_output, layout.layernorm_output)};
+    StepOutputs out;
+    out.input_gradient = keep(layer->backward(grads));
+    if (layer->delays_wgrad()) layer->backward_dw();
+    out.outputs = host ? to_host(local) : local;
+    // The gradient buffers are zeroed and refilled by the next step: keep a copy then.
+    for (Parameter* p : layer->parameters()) {
+      out.gradients.push_back(keep(step < steps ? p->gradient().clone() : p->gradient()));
+    }
+    result.steps.push_back(std::move(out));
+  }
   result.gemms = backend->ledger().records();
   result.comms = comm.comm_ledger();
   if (layouts != nullptr) {
@@ -169,11 +193,11 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
 }
 
 RankResult run_unsharded(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                         const GemmClassRule& rule, Recipe recipe, std::uint64_t seed,
-                         const Execution& execution, Layouts* layouts) {
+                         const GemmClassRule& rule, Recipe recipe, int steps,
+                         std::uint64_t seed, const Execution& execution, Layouts* layouts) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
-  return run_rank(c, options, dtype, rule, Mutation::kNone, recipe, seed, execution, *comm,
-                  layouts);
+  return run_rank(c, options, dtype, rule, Mutation::kNone, recipe, steps, seed, execution,
+                  *comm, layouts);
 }
 
 // Stands in for rank 0 of a group of `size` when layers are only constructed (which needs
@@ -205,21 +229,26 @@ class ConstructionOnlyCommunicator : public Communicator {
 // the same on every rank (equal shards), so row r is rank r's tensor.
 void share_results(Communicator& comm, Device device, std::vector<RankResult>& ranks) {
   const int me = comm.rank();
-  auto share = [&](auto member) {
-    const Tensor mine = member(ranks[me]);
-    if (!mine.defined()) return;
-    const Tensor rows = comm.all_gather(mine.to_device(device).reshape({1, mine.numel()}), 0);
-    for (int r = 0; r < comm.size(); ++r) {
-      member(ranks[r]) = rows.slice(0, r, 1).reshape(mine.shape());
+  const std::size_t steps = ranks[me].steps.size();
+  for (int r = 0; r < comm.size(); ++r) ranks[r].steps.resize(steps);
+  for (std::size_t s = 0; s < steps; ++s) {
+    auto share = [&](auto member) {
+      const Tensor mine = member(ranks[me].steps[s]);
+      if (!mine.defined()) return;
+      const Tensor rows = comm.all_gather(mine.to_device(device).reshape({1, mine.numel()}), 0);
+      for (int r = 0; r < comm.size(); ++r) {
+        member(ranks[r].steps[s]) = rows.slice(0, r, 1).reshape(mine.shape());
+      }
+    };
+    share([](StepOutputs& o) -> Tensor& { return o.outputs.output; });
+    share([](StepOutputs& o) -> Tensor& { return o.outputs.bias; });
+    share([](StepOutputs& o) -> Tensor& { return o.outputs.layernorm_output; });
+    share([](StepOutputs& o) -> Tensor& { return o.input_gradient; });
+    const std::size_t n = ranks[me].steps[s].gradients.size();
+    for (int r = 0; r < comm.size(); ++r) ranks[r].steps[s].gradients.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      share([i](StepOutputs& o) -> Tensor& { return o.gradients[i]; });
     }
-  };
-  share([](RankResult& r) -> Tensor& { return r.outputs.output; });
-  share([](RankResult& r) -> Tensor& { return r.outputs.bias; });
-  share([](RankResult& r) -> Tensor& { return r.outputs.layernorm_output; });
-  share([](RankResult& r) -> Tensor& { return r.input_gradient; });
-  for (std::size_t i = 0; i < ranks[me].gradients.size(); ++i) {
-    for (int r = 0; r < comm.size(); ++r) ranks[r].gradients.resize(ranks[me].gradients.size());
-    share([i](RankResult& r) -> Tensor& { return r.gradients[i]; });
   }
 }
 
@@ -234,7 +263,22 @@ Execution cpu_execution() {
   return e;
 }
 
+void check_run_config(const RunConfig& config) {
+  TPCHECK_CHECK_INPUT(config.steps >= 1, "--steps {}: expected a number of training steps >= 1",
+                      config.steps);
+  if (config.mutation != Mutation::kNone) {
+    const MutationInfo& m = mutation_info(config.mutation);
+    TPCHECK_CHECK_INPUT(m.recipe == Recipe::kNone || m.recipe == config.recipe,
+                        "--mutate {}: the bug is in recipe {}'s code, which this run (recipe {}) "
+                        "never executes; give --recipe {} (and --steps {} or more: it changes "
+                        "nothing before step {})",
+                        m.name, recipe_name(m.recipe), recipe_name(config.recipe),
+                        recipe_name(m.recipe), m.first_step, m.first_step);
+  }
+}
+
 void check_case(const SuiteCase& c, const RunConfig& config) {
+  check_run_config(config);
   // Construction only, shapes only: the CPU backend is enough to build every layer (no
   // GPU work) and no parameter is generated (production sizes would take seconds each).
   std::unique_ptr<Backend> backend = make_cpu_backend();
@@ -244,8 +288,9 @@ void check_case(const SuiteCase& c, const RunConfig& config) {
                         "{} backend has no quantized GEMM engine yet); use --backend cpu",
                         recipe_name(config.recipe), config.execution.backend);
     // Every quantized activation and gradient is a [tokens, features] matrix of the whole
-    // token count (gathered tensors are quantized after the gather); the weights' shards
-    // are checked by Linear's constructor below.
+    // token count (gathered tensors are quantized after the gather, or under delayed
+    // scaling transposed after their FP8 gather); the weights' shards are checked by
+    // Linear's constructor below.
     const std::int64_t features = c.input_shape.back();
     check_quantizable(fmt::format("case {}: input", c.id),
                       {shape_numel(c.input_shape) / features, features}, config.recipe,
@@ -271,19 +316,23 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   unsharded["sequence_parallel"] = false;
   Layouts layouts;
   const Execution& ex = config.execution;
-  RankResult single =
-      run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.recipe, config.seed, ex,
-                    &layouts);
+  const int steps = config.steps;
+  TPCHECK_CHECK_INPUT(steps >= 1, "case {}: {} training steps; expected at least 1", c.id, steps);
+  RankResult single = run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.recipe,
+                                    steps, config.seed, ex, &layouts);
 
   nlohmann::json truth_options = unsharded;
   truth_options["params_dtype"] = "f64";
   RankResult truth, probed;
   if (config.skip_truth) {
-    truth.gradients.resize(layouts.param_names.size());
-    probed.gradients.resize(layouts.param_names.size());
+    for (RankResult* r : {&truth, &probed}) {
+      r->steps.resize(steps);
+      for (StepOutputs& o : r->steps) o.gradients.resize(layouts.param_names.size());
+    }
   } else {
-    // Truth never quantizes: it is the exact computation the recipes approximate.
-    truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
+    // Truth never quantizes: it is the exact computation the recipes approximate. It
+    // trains the same steps (in f64).
+    truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
                           config.seed, ex, nullptr);
   }
 
@@ -300,14 +349,14 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   if (config.skip_truth) {
   } else if (ex.backend == "cpu") {
     ScopedRoundingProbe probe(kProbeU, config.seed);
-    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
+    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
                            config.seed, cpu_execution(), nullptr);
   } else {
     Execution probe_ex = ex;
     probe_ex.make_backend = [&ex, seed = config.seed](int rank) {
       return make_rounding_probe_backend(ex.make_backend(rank), kProbeU, seed);
     };
-    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone,
+    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
                            config.seed, probe_ex, nullptr);
   }
   // n = (probed − truth) / kProbeU, on the device the runs' results are on: the
@@ -328,7 +377,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   ex.launch_group(config.tp, [&](Communicator& comm) {
     Layouts* mine = comm.rank() == 0 || ex.one_process_per_rank ? &sharded_layouts : nullptr;
     ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
-                                  config.recipe, config.seed, ex, comm, mine);
+                                  config.recipe, steps, config.seed, ex, comm, mine);
     if (ex.one_process_per_rank && comm.size() > 1) {
       share_results(comm, ex.backend == "cuda" ? Device::kCuda : Device::kCpu, ranks);
     }
@@ -339,40 +388,48 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
                 fmt::join(sharded_layouts.param_names, ", "), fmt::join(layouts.param_names, ", "));
 
   CaseRun run;
-  auto gather = [&](auto member, const ShardSpec& spec) {
-    std::vector<Tensor> shards;
-    for (const RankResult& r : ranks) shards.push_back(member(r));
-    return assemble_shards(shards, spec);
-  };
-  auto add = [&](std::string name, std::string kind, int index, Tensor s, Tensor sh, Tensor t,
-                 const Tensor& p) {
-    Tensor noise = noise_of(p, t);
-    run.tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, std::move(s),
-                                         std::move(sh), std::move(t), std::move(noise)});
-  };
   const OutputLayout& out = sharded_layouts.outputs;
-  add("output", "output", -1, single.outputs.output,
-      gather([](const RankResult& r) { return r.outputs.output; }, out.output), truth.outputs.output,
-      probed.outputs.output);
-  if (single.outputs.bias.defined()) {
-    add("bias", "output", -1, single.outputs.bias,
-        gather([](const RankResult& r) { return r.outputs.bias; }, out.bias), truth.outputs.bias,
-        probed.outputs.bias);
-  }
-  if (single.outputs.layernorm_output.defined()) {
-    add("layernorm_output", "output", -1, single.outputs.layernorm_output,
-        gather([](const RankResult& r) { return r.outputs.layernorm_output; }, out.layernorm_output),
-        truth.outputs.layernorm_output, probed.outputs.layernorm_output);
-  }
-  // The gradient that flows to the previous layer: reassembled like the input
-  // (token-sharded under sequence parallel, replicated otherwise).
-  add("input", "input_gradient", -1, single.input_gradient,
-      gather([](const RankResult& r) { return r.input_gradient; }, sharded_layouts.input),
-      truth.input_gradient, probed.input_gradient);
-  for (std::size_t i = 0; i < layouts.param_names.size(); ++i) {
-    add(layouts.param_names[i], "gradient", static_cast<int>(i), single.gradients[i],
-        gather([i](const RankResult& r) { return r.gradients[i]; }, sharded_layouts.param_shards[i]),
-        truth.gradients[i], probed.gradients[i]);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<ComparedTensor>& tensors = run.steps.emplace_back();
+    const StepOutputs& sg = single.steps[step];
+    const StepOutputs& tr = truth.steps[step];
+    const StepOutputs& pr = probed.steps[step];
+    auto gather = [&](auto member, const ShardSpec& spec) {
+      std::vector<Tensor> shards;
+      for (const RankResult& r : ranks) shards.push_back(member(r.steps[step]));
+      return assemble_shards(shards, spec);
+    };
+    auto add = [&](std::string name, std::string kind, int index, Tensor s, Tensor sh, Tensor t,
+                   const Tensor& p) {
+      Tensor noise = noise_of(p, t);
+      tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, std::move(s),
+                                       std::move(sh), std::move(t), std::move(noise)});
+    };
+    add("output", "output", -1, sg.outputs.output,
+        gather([](const StepOutputs& o) { return o.outputs.output; }, out.output),
+        tr.outputs.output, pr.outputs.output);
+    if (sg.outputs.bias.defined()) {
+      add("bias", "output", -1, sg.outputs.bias,
+          gather([](const StepOutputs& o) { return o.outputs.bias; }, out.bias), tr.outputs.bias,
+          pr.outputs.bias);
+    }
+    if (sg.outputs.layernorm_output.defined()) {
+      add("layernorm_output", "output", -1, sg.outputs.layernorm_output,
+          gather([](const StepOutputs& o) { return o.outputs.layernorm_output; },
+                 out.layernorm_output),
+          tr.outputs.layernorm_output, pr.outputs.layernorm_output);
+    }
+    // The gradient that flows to the previous layer: reassembled like the input
+    // (token-sharded under sequence parallel, replicated otherwise).
+    add("input", "input_gradient", -1, sg.input_gradient,
+        gather([](const StepOutputs& o) { return o.input_gradient; }, sharded_layouts.input),
+        tr.input_gradient, pr.input_gradient);
+    for (std::size_t i = 0; i < layouts.param_names.size(); ++i) {
+      add(layouts.param_names[i], "gradient", static_cast<int>(i), sg.gradients[i],
+          gather([i](const StepOutputs& o) { return o.gradients[i]; },
+                 sharded_layouts.param_shards[i]),
+          tr.gradients[i], pr.gradients[i]);
+    }
   }
   run.single_gemms = std::move(single.gemms);
   run.sharded_gemms = ranks[0].gemms;

@@ -39,7 +39,11 @@ EXPECTED_MUTATIONS = {
     "no-dgrad-allreduce",
     "row-bias-before-reduce",
     "row-bias-grad-not-reduced",
+    "amax-not-reduced",
+    "amax-history-not-updated",
 }
+# What `tpcheck mutations` appends to a mutation that lives in one recipe's code.
+NEEDS_RE = re.compile(r" \(needs --recipe (\S+) --steps (\d+)\)$")
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +153,14 @@ USAGE_ERRORS = [
     pytest.param(["--tp", "2", "--inject-failure", "2@1"], ["2@1", "--tp 2"], id="inject-rank"),
     pytest.param(["--tp", "2", "--inject-failure", "1@0"], ["1@0"], id="inject-run0"),
     pytest.param(["--tp", "2", "--inject-failure", "one"], ["one", "RANK@RUN"], id="inject-form"),
+    # --steps: a whole number >= 1, the text named as given.
+    pytest.param(["--steps", "0"], ["--steps '0'", ">= 1"], id="steps0"),
+    pytest.param(["--steps", "-2"], ["--steps '-2'"], id="steps-negative"),
+    pytest.param(["--steps", "1.5"], ["--steps '1.5'", "whole number"], id="steps-fraction"),
+    pytest.param(["--steps", "two"], ["--steps 'two'"], id="steps-not-a-number"),
+    # A mutation of delayed scaling's code needs that recipe (it would change nothing).
+    pytest.param(["--mutate", "amax-not-reduced", "--steps", "2"],
+                 ["amax-not-reduced", "--recipe fp8"], id="recipe-mutation-without-recipe"),
 ]
 
 
@@ -204,12 +216,17 @@ def test_mutations_lists_every_name_and_each_is_accepted(cli):
     assert len(names) == len(set(names))
     assert EXPECTED_MUTATIONS <= set(names), EXPECTED_MUTATIONS - set(names)
     assert len(names) >= 10
+    needs = {}
     for line in r.stdout.splitlines():
         assert len(line.split(None, 1)) == 2, f"mutation without a description: {line!r}"
+        n = NEEDS_RE.search(line)
+        if n:
+            needs[line.split()[0]] = ["--recipe", n.group(1), "--steps", n.group(2)]
+    assert set(needs) == {"amax-not-reduced", "amax-history-not-updated"}, needs
     for name in names:  # every listed name is one `run --mutate` accepts (one tiny case)
         m = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter",
                     r"^Linear\.row\.sp1\.default$",
-                    "--mutate", name)
+                    "--mutate", name, *needs.get(name, []))
         assert m.returncode in (0, 1), f"--mutate {name}: exit {m.returncode}\n{m.stderr}"
 
 
@@ -327,3 +344,59 @@ def test_json_agrees_with_the_console(false_alarm_run):
     assert summary["failed"] == n_failed
     assert summary["passed"] == len(report["cases"]) - n_failed
     assert last_line(r.stdout) == f"{summary['passed']} passed, {summary['failed']} failed"
+
+
+# ---- --steps: several training steps, compared after each -----------------------------
+
+
+def test_steps_report_every_step(cli, tmp_path):
+    report = tmp_path / "steps.json"
+    r = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter", r"^Linear\.row\.sp1\.",
+                "--steps", "2", "--json", str(report))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| steps 2" in r.stdout.splitlines()[0], r.stdout
+    with open(report) as f:
+        data = json.load(f)
+    assert data["environment"]["steps"] == 2
+    for case in data["cases"]:
+        assert "tensors" not in case, case["id"]
+        assert [s["step"] for s in case["steps"]] == [1, 2]
+        for s in case["steps"]:
+            assert set(s["verdicts"]) == set(POLICIES)
+            names = [t["name"] for t in s["tensors"]]
+            assert "output" in names and "input" in names
+        # A case fails a policy iff one of its steps does.
+        for p in POLICIES:
+            any_step_fails = any(s["verdicts"][p]["status"] == "fail" for s in case["steps"])
+            assert (case["verdicts"][p]["status"] == "fail") == any_step_fails, (case["id"], p)
+    # One step: the report keeps its one-step form.
+    one = tmp_path / "one.json"
+    r1 = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--filter", r"^Linear\.row\.sp1\.",
+                 "--json", str(one))
+    assert r1.returncode == 0, r1.stderr
+    with open(one) as f:
+        data1 = json.load(f)
+    assert data1["environment"]["steps"] == 1
+    assert all("tensors" in c and "steps" not in c for c in data1["cases"])
+    # Step 1 of the two-step run is the one-step run.
+    for c1, c2 in zip(data1["cases"], data["cases"]):
+        assert c1["tensors"] == c2["steps"][0]["tensors"], c1["id"]
+
+
+def test_steps_console_names_the_failing_step(cli, tmp_path):
+    # FP8 delayed scaling's scales stay 1 in the sharded run: nothing differs at step 1,
+    # single's scales move at step 2 and the sharded gradients fall behind.
+    args = ["run", "--suite", "te", "--tp", "2", "--recipe", "fp8", "--filter",
+            r"^TransformerLayer\.sp0\.default$", "--mutate", "amax-history-not-updated"]
+    one = tpcheck(cli, *args, "--steps", "1")
+    assert one.returncode == 0, one.stdout + one.stderr
+    report = tmp_path / "two.json"
+    two = tpcheck(cli, *args, "--steps", "2", "--json", str(report))
+    assert two.returncode == 1, two.stdout + two.stderr
+    assert re.search(r"worst: step 2: ", two.stdout), two.stdout
+    assert re.search(r"^     why: step 2: ", two.stdout, re.M), two.stdout
+    with open(report) as f:
+        case = json.load(f)["cases"][0]
+    assert case["verdicts"]["truth"]["reason"].startswith("step 2: ")
+    assert case["steps"][0]["verdicts"]["truth"]["status"] != "fail"
+    assert case["steps"][1]["verdicts"]["truth"]["status"] == "fail"

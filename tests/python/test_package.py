@@ -10,6 +10,7 @@ build/python); a missing package is a failure, not a skip.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -393,6 +394,26 @@ def test_run_with_a_recipe():
     assert case["input_shape"] == [16, 64]
     with pytest.raises(ValueError, match="unknown recipe|recipe 'fp9'|fp9"):
         tpcheck.run(suite="te", tp=2, backend="cpu", recipe="fp9")
+
+
+def test_run_with_steps_forwards_them(tmp_path):
+    # steps=2 is `--steps 2`: the same report as the program's, every step in it.
+    report = tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER, steps=2)
+    assert report["environment"]["steps"] == 2
+    case = report["cases"][0]
+    assert [s["step"] for s in case["steps"]] == [1, 2]
+    out = tmp_path / "cli.json"
+    subprocess.run([os.environ["TPCHECK_CLI"], "run", "--suite", "te", "--tp", "2", "--backend",
+                    "cpu", "--filter", FILTER, "--steps", "2", "--json", str(out)], check=True,
+                   capture_output=True)
+    want = json.loads(out.read_text())
+    assert case["steps"] == want["cases"][0]["steps"]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"--steps '{bad}'"):
+            tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER, steps=bad)
+    for bad in (1.5, "2", True):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER, steps=bad)
 
 
 def test_run_and_main_errors():

@@ -38,7 +38,9 @@ inline DefaultJudge default_judge() {
 inline std::string describe_failure(const CaseResult& r, std::size_t p) {
   std::ostringstream out;
   out << r.spec.id << " (tp " << r.tp << "): " << r.verdicts[p].reason << "\n";
-  for (const TensorResult& t : r.tensors) {
+  const StepResult& step = deciding_step(r, p);
+  if (r.steps.size() > 1) out << "  at step " << step.step << " of " << r.steps.size() << "\n";
+  for (const TensorResult& t : step.tensors) {
     if (t.verdicts[p].passed()) continue;
     const TensorComparison& c = t.comparison;
     out << "  tensor " << t.name << " [" << t.kind << "]: max |diff| " << c.max_abs_diff << " at "

@@ -21,7 +21,7 @@ const SuiteCase& find_case(const Suite& suite, const std::string& id) {
 }
 
 const TensorResult& find_tensor(const CaseResult& r, const std::string& name) {
-  for (const TensorResult& t : r.tensors) {
+  for (const TensorResult& t : r.steps.front().tensors) {
     if (t.name == name) return t;
   }
   throw std::runtime_error("no tensor " + name + " in " + r.spec.id);
@@ -125,11 +125,11 @@ TEST_F(TruthModel, ZeroInExactArithmeticKeyBiasGradient) {
   }();
   CaseRun bugged = run_again;
   const ComparedTensor* q = nullptr;
-  for (const ComparedTensor& t : bugged.tensors) {
+  for (const ComparedTensor& t : bugged.steps.front()) {
     if (t.name == query) q = &t;
   }
   ASSERT_NE(q, nullptr);
-  for (ComparedTensor& t : bugged.tensors) {
+  for (ComparedTensor& t : bugged.steps.front()) {
     if (t.name != key) continue;
     ASSERT_EQ(t.sharded.shape(), q->sharded.shape());
     t.sharded = q->sharded.clone();
