@@ -8,6 +8,9 @@
 //   * at TP 2 (column-parallel, sequence parallel) the amax reduction gives every rank
 //     single's scales; with amax-not-reduced each rank's scales follow its own shard;
 //     with amax-history-not-updated they stay 1;
+//   * with an outlier in one rank's tokens (the reference's own amax-reduction test)
+//     amax-not-reduced mis-scales the FP8 all-gather at step 2 far beyond FP8 rounding,
+//     while the reduced run equals single's;
 //   * the SGD update (sgd_update) of a column- and a row-parallel Linear's shards equals
 //     the unsharded update of the same elements bit for bit (f32, and bf16 with an f32
 //     main_grad), and follows its formula.
@@ -210,6 +213,53 @@ TEST(DelayedScalingInALinear, AmaxReductionGivesEveryRankSinglesScales) {
   for (int r = 0; r < 2; ++r) {
     for (float s : stuck[r]) EXPECT_EQ(s, 1.0f);
   }
+}
+
+// The output of step 2 of a Linear trained on an input whose one outlier (1e3, as the
+// reference's amax-reduction test plants 1e4) lies in the last rank's tokens:
+// unsharded (tp 1) or column-parallel SP, reassembled.
+Tensor second_step_output(int tp, Mutation mutation) {
+  Tensor x = generate(FillSpec::normal(0.0, 1.0), kSeed, "x", {kTokens, kIn}, DType::kF32);
+  x.set((kTokens - 1) * kIn + kIn - 1, 1e3);
+  const Tensor dy =
+      generate(FillSpec::normal(0.0, 1e-3), kSeed, "dy", {kTokens, kOut}, DType::kF32);
+  std::vector<Tensor> outputs(tp);
+  run_thread_group(tp, [&](Communicator& comm) {
+    std::unique_ptr<Backend> backend = make_cpu_backend();
+    DelayedScalingSet set;
+    ModuleContext ctx{backend.get(), &comm, kSeed, mutation};
+    ctx.recipe = Recipe::kFp8Delayed;
+    ctx.delayed_scaling = &set;
+    Linear layer("", linear_options(tp == 1 ? "none" : "column", tp > 1), ctx);
+    const int r = comm.rank();
+    const Tensor x_local = tp == 1 ? x : take_shard(x, ShardSpec::along(0), r, tp);
+    const Tensor dy_local = tp == 1 ? dy : take_shard(dy, ShardSpec::along(1), r, tp);
+    for (int step = 1; step <= 2; ++step) {
+      Linear::Saved saved;
+      const Tensor y = layer.forward(x_local, saved).output;
+      if (step == 2) {
+        outputs[r] = y;
+        break;
+      }
+      layer.backward(OutputGrads{dy_local, Tensor(), Tensor()}, saved);
+      sgd_update(*backend, layer.weight(), kLr);
+      zero_gradients(layer.weight());
+      update_delayed_scaling(ctx, set);
+    }
+  });
+  return tp == 1 ? outputs[0] : Tensor::cat(outputs, 1);
+}
+
+TEST(DelayedScalingInALinear, AmaxNotReducedMisScalesTheFp8AllGather) {
+  const Tensor single = second_step_output(1, Mutation::kNone);
+  // Reduced: every rank quantizes with the outlier's scale, as single does — the same
+  // FP8 bytes, so the products agree to f32 accumulation.
+  const Tensor reduced = second_step_output(2, Mutation::kNone);
+  EXPECT_LT(norm_rel(reduced.to_f64(), single.to_f64()), 1e-5);
+  // Not reduced: rank 0 quantizes its rows with a scale ~300× the outlier rank's, and
+  // each rank reads the other's gathered bytes with its own: off by that factor.
+  const Tensor local = second_step_output(2, Mutation::kAmaxNotReduced);
+  EXPECT_GT(norm_rel(local.to_f64(), single.to_f64()), 0.5);
 }
 
 // The SGD update of every rank's shard equals the unsharded update of those elements.
