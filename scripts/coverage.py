@@ -52,8 +52,12 @@ MUTATION_CASES = "|".join([
     r"^Linear\.row\.",
 ])
 # The te suite's Linear cases under sequence parallel: a column-parallel input and a
-# row-parallel output gradient, each gathered in FP8 under delayed scaling.
-RECIPE_MUTATION_CASES = r"^Linear\.(column|row)\.sp1\.default$"
+# row-parallel output gradient, each gathered in FP8 under delayed scaling; one with an
+# f32 main_grad (the SGD step between the steps zeroes it), one in f16 (its gradient is
+# widened for the step); and a LayerNorm, which keeps no delayed-scaling state.
+RECIPE_MUTATION_CASES = (r"^Linear\.(column|row)\.sp1\.(default|fuse_wgrad_accumulation=true)$"
+                         r"|^Linear\.column\.sp1\.params_dtype=f16$"
+                         r"|^LayerNorm\.sp1\.zero_centered_gamma=true$")
 
 
 def run_suite(build, tp):

@@ -211,10 +211,9 @@ DelayedScaling* Linear::scaling_of(QuantRole role) const {
 Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
                                   std::string_view what) const {
   // Called by linear_gemm under a recipe only.
-  if (const std::shared_ptr<QuantizedData>& carried = t.quantized(); carried != nullptr) {
-    // Gathered in FP8 (gather_for_gemm): the bytes every rank sent, not a requantization.
-    if ((columnwise ? carried->columnwise_data : carried->rowwise_data).defined()) return t;
-  }
+  // Gathered in FP8 (gather_for_gemm): the bytes every rank sent, both copies, not a
+  // requantization.
+  if (t.quantized() != nullptr) return t;
   QuantizeOptions q;
   q.recipe = ctx_.recipe;
   q.role = role;

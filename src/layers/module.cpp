@@ -47,16 +47,16 @@ void sgd_update(Backend& backend, Parameter& p, double lr) {
                 "sgd_update: parameter {} has value {} and gradient {}", p.name,
                 p.value.defined() ? p.value.describe() : "undefined",
                 g.defined() ? g.describe() : "undefined");
-  const bool f64 = p.value.dtype() == DType::kF64 || g.dtype() == DType::kF64;
-  const DType wide = f64 ? DType::kF64 : DType::kF32;
-  // −lr · g in the wide type (widening a gradient is exact; the product rounds once), then
-  // value + that, computed wide and rounded once to the value's dtype (Backend::accumulate).
+  // f64 for an f64 value (the truth run, whose gradients are f64 too), else f32: −lr · g
+  // in it (widening a gradient is exact; the product rounds once), then value + that,
+  // computed wide and rounded once to the value's dtype (Backend::accumulate).
+  const DType wide = p.value.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   const Tensor step = backend.scale(g.dtype() == wide ? g : g.to(wide), -lr);
   backend.accumulate(p.value, step);
 }
 
 void zero_gradients(Parameter& p) {
-  if (p.grad.defined()) p.grad.fill_zero();
+  p.grad.fill_zero();
   if (p.main_grad.defined()) p.main_grad.fill_zero();
 }
 

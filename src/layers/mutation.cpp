@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -55,11 +56,11 @@ std::span<const MutationInfo> all_mutations() {
 }
 
 const MutationInfo& mutation_info(Mutation m) {
-  for (const MutationInfo& info : all_mutations()) {
-    if (info.mutation == m) return info;
-  }
-  TPCHECK_CHECK(false, "mutation_info: no entry for mutation {}", static_cast<int>(m));
-  return all_mutations().front();  // unreachable
+  const std::span<const MutationInfo> all = all_mutations();
+  const auto it = std::find_if(all.begin(), all.end(),
+                               [m](const MutationInfo& info) { return info.mutation == m; });
+  TPCHECK_CHECK(it != all.end(), "mutation_info: no entry for mutation {}", static_cast<int>(m));
+  return *it;
 }
 
 std::string_view mutation_name(Mutation m) {

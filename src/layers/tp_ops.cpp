@@ -68,7 +68,9 @@ void update_delayed_scaling(const ModuleContext& ctx, DelayedScalingSet& set) {
   // The bug kAmaxHistoryNotUpdated: nothing moves, every scale stays the initial 1.
   if (ctx.mutated(Mutation::kAmaxHistoryNotUpdated)) return;
   for (std::size_t i = 0; i < set.size(); ++i) {
-    if (set[i].pending()) set[i].record(amax[i]);  // the reduced value: at least the own
+    // The reduced value (at least this rank's own; 0 for a tensor no rank quantized this
+    // step, which leaves the history's max, as the reference's zero row does).
+    set[i].record(amax[i]);
     set[i].update();
   }
 }

@@ -131,7 +131,7 @@ class Linear {
   Tensor local_bias() const;
   // Under a recipe (ctx_.recipe): `t` with the quantized copy the next GEMM reads (the
   // rowwise one, or the columnwise one for dgrad's weight and wgrad's operands), quantized
-  // from t's own values — or `t` itself when it already carries that copy (a tensor the
+  // from t's own values — or `t` itself when it already carries its copies (a tensor the
   // FP8 all-gather made); without a recipe, `t` unchanged. `what` names t in errors.
   Tensor quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
                             std::string_view what) const;

@@ -107,7 +107,8 @@ struct OutputLayout {
 // is f64), the sum rounded once to the value's dtype; elementwise, so a shard is updated
 // exactly as the same elements of the unsharded parameter. Runs on the backend's device.
 void sgd_update(Backend& backend, Parameter& p, double lr);
-// Zeroes grad (and main_grad) for the next step's accumulation.
+// Zeroes grad (and main_grad) for the next step's accumulation. REQUIRES: p has values
+// (not a shapes_only parameter).
 void zero_gradients(Parameter& p);
 
 // Default initializations (docs/LAYERS.md explains the choice):
