@@ -37,7 +37,7 @@ def main():
     ap.add_argument("--mutations", default="all", help="comma list, or 'all'")
     ap.add_argument("--recipe", default=None, help="passed to tpcheck run")
     ap.add_argument("--steps", type=int, default=None, help="passed to tpcheck run")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()  # TP sizes may follow the options
     tps = args.tps or [2, 4, 8]
     extra = (["--recipe", args.recipe] if args.recipe else []) + (
         ["--steps", str(args.steps)] if args.steps else [])
