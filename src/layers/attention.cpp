@@ -31,21 +31,6 @@ AttnMaskType parse_attn_mask_type(std::string_view name) {
   return AttnMaskType::kCausal;  // unreachable
 }
 
-nlohmann::json take_window_size(const nlohmann::json& j, std::string_view layer,
-                                std::int64_t& left, std::int64_t& right) {
-  if (!j.is_object() || !j.contains("window_size")) return j;
-  const nlohmann::json& w = j.at("window_size");
-  TPCHECK_CHECK_INPUT(
-      w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
-      "{} option window_size: expected [left, right] integers (-1: unbounded), got {}", layer,
-      w.dump());
-  left = w[0].get<std::int64_t>();
-  right = w[1].get<std::int64_t>();
-  nlohmann::json rest = j;
-  rest.erase("window_size");
-  return rest;
-}
-
 void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& right) {
   // TransformerEngine's check_set_window_size: causal takes (-1, 0) or (>= 0, 0), no_mask
   // (-1, -1) or (>= 0, >= 0); the forms it corrects are corrected, the rest rejected.
@@ -73,10 +58,9 @@ void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& 
 }
 
 MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "MultiheadAttention");
   Options o;
-  const nlohmann::json rest =
-      take_window_size(j, "MultiheadAttention", o.window_left, o.window_right);
-  OptionReader r(rest, "MultiheadAttention");
+  r.get_window_size(o.window_left, o.window_right);
   o.hidden_size = r.get_size("hidden_size", true);
   o.num_attention_heads = r.get_size("num_attention_heads", true);
   o.num_gqa_groups = r.get_size("num_gqa_groups", false);

@@ -89,6 +89,18 @@ Activation OptionReader::get_activation(Activation fallback) {
                                      {"gelu", "relu", "srelu", "qgelu", "geglu", "swiglu"}));
 }
 
+void OptionReader::get_window_size(std::int64_t& left, std::int64_t& right) {
+  const nlohmann::json* v = find("window_size");
+  if (v == nullptr) return;
+  const nlohmann::json& w = *v;
+  TPCHECK_CHECK_INPUT(
+      w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
+      "{} option window_size: expected [left, right] integers (-1: unbounded), got {}", layer_,
+      w.dump());
+  left = w[0].get<std::int64_t>();
+  right = w[1].get<std::int64_t>();
+}
+
 void OptionReader::finish() const {
   if (!j_.is_object()) return;
   for (auto it = j_.begin(); it != j_.end(); ++it) {

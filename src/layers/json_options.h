@@ -38,6 +38,10 @@ class OptionReader {
   InitMethod get_init_method(std::string_view key, InitMethod fallback);
   NormKind get_normalization(NormKind fallback);   // "normalization"
   Activation get_activation(Activation fallback);  // "activation"
+  // "window_size": [left, right] integers (-1: unbounded) into left and right; both
+  // unchanged when the key is absent. The one reader of the key (MultiheadAttention and
+  // TransformerLayer both take it).
+  void get_window_size(std::int64_t& left, std::int64_t& right);
 
   // Throws on any key not read above, listing the accepted keys.
   void finish() const;

@@ -17,10 +17,9 @@
 namespace tpcheck {
 
 TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "TransformerLayer");
   Options o;
-  const nlohmann::json rest =
-      take_window_size(j, "TransformerLayer", o.window_left, o.window_right);
-  OptionReader r(rest, "TransformerLayer");
+  r.get_window_size(o.window_left, o.window_right);
   o.hidden_size = r.get_size("hidden_size", true);
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
   o.num_attention_heads = r.get_size("num_attention_heads", true);

@@ -52,11 +52,6 @@ enum class AttnMaskType { kCausal, kNoMask };
 std::string_view attn_mask_type_name(AttnMaskType t);      // "causal", "no_mask"
 AttnMaskType parse_attn_mask_type(std::string_view name);  // throws Error(kInput)
 
-// Reads the "window_size" key ([left, right] integers) of `j` into left/right when present
-// and returns `j` without it (OptionReader reads scalars only). Throws Error(kInput) on a
-// malformed value, naming `layer`.
-nlohmann::json take_window_size(const nlohmann::json& j, std::string_view layer,
-                                std::int64_t& left, std::int64_t& right);
 // The reference's window rule (check_set_window_size): causal: (-1, -1) → (-1, 0),
 // (l >= 0, r) → (l, 0), (-1, 0) and (l >= 0, 0) kept, anything else rejected; no_mask:
 // (-1, 0) → (-1, -1) (no mask), (-1, -1) and (>= 0, >= 0) kept, a single -1 rejected.
