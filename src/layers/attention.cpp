@@ -70,9 +70,7 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.input_layernorm = r.get_bool("input_layernorm", o.input_layernorm);
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("layernorm_epsilon", o.eps);
+  o.norm = r.get_norm_options("layernorm_epsilon");
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
   o.bias = r.get_bool("bias", o.bias);
@@ -104,7 +102,7 @@ void MultiheadAttention::Options::validate(int tp_size) const {
   TPCHECK_CHECK_INPUT(window_left >= -1 && window_right >= -1,
                       "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})", window_left,
                       window_right);
-  TPCHECK_CHECK_INPUT(eps > 0, "layernorm_epsilon must be positive, got {}", eps);
+  TPCHECK_CHECK_INPUT(norm.eps > 0, "layernorm_epsilon must be positive, got {}", norm.eps);
   TPCHECK_CHECK_INPUT(num_attention_heads % tp_size == 0,
                       "num_attention_heads {} is not divisible by the tensor-parallel size {}; "
                       "expected a multiple of {}",
@@ -190,9 +188,7 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     LayerNormLinear::Options n;
     n.in_features = l.in_features;
     n.out_features = l.out_features;
-    n.normalization = o.normalization;
-    n.zero_centered_gamma = o.zero_centered_gamma;
-    n.eps = o.eps;
+    n.norm = o.norm;
     n.return_layernorm_output = o.return_layernorm_output;
     n.bias = l.bias;
     n.parallel_mode = l.parallel_mode;

@@ -89,6 +89,14 @@ Activation OptionReader::get_activation(Activation fallback) {
                                      {"gelu", "relu", "srelu", "qgelu", "geglu", "swiglu"}));
 }
 
+NormOptions OptionReader::get_norm_options(std::string_view eps_key) {
+  NormOptions o;
+  o.normalization = get_normalization(o.normalization);
+  o.zero_centered_gamma = get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.eps = get_positive_double(eps_key, o.eps);
+  return o;
+}
+
 void OptionReader::get_window_size(std::int64_t& left, std::int64_t& right) {
   const nlohmann::json* v = find("window_size");
   if (v == nullptr) return;

@@ -13,9 +13,7 @@ LayerNormLinear::Options LayerNormLinear::Options::from_json(const nlohmann::jso
   Options o;
   o.in_features = r.get_size("in_features", true);
   o.out_features = r.get_size("out_features", true);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("eps", o.eps);
+  o.norm = r.get_norm_options("eps");
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
   o.bias = r.get_bool("bias", o.bias);
   o.return_bias = r.get_bool("return_bias", o.return_bias);
@@ -38,9 +36,7 @@ LayerNorm::Options LayerNormLinear::norm_options(const Options& o) {
       "none or column");
   LayerNorm::Options n;
   n.hidden_size = o.in_features;
-  n.normalization = o.normalization;
-  n.eps = o.eps;
-  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.norm = o.norm;
   // The norm sees a token slice only when the Linear gathers after it.
   n.sequence_parallel = o.sequence_parallel && o.parallel_mode == ParallelMode::kColumn;
   n.params_dtype = o.params_dtype;

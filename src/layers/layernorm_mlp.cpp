@@ -22,9 +22,7 @@ LayerNorm::Options mlp_norm_options(const LayerNormMLP::Options& o, int tp) {
                       o.ffn_hidden_size, tp);
   LayerNorm::Options n;
   n.hidden_size = o.hidden_size;
-  n.normalization = o.normalization;
-  n.eps = o.eps;
-  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.norm = o.norm;
   n.sequence_parallel = o.sequence_parallel;
   n.params_dtype = o.params_dtype;
   return n;
@@ -80,9 +78,7 @@ LayerNormMLP::Options LayerNormMLP::Options::from_json(const nlohmann::json& j) 
   o.hidden_size = r.get_size("hidden_size", true);
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
   o.activation = r.get_activation(o.activation);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("eps", o.eps);
+  o.norm = r.get_norm_options("eps");
   o.bias = r.get_bool("bias", o.bias);
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);

@@ -30,9 +30,7 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
       "apply_residual_connection_post_layernorm", o.apply_residual_connection_post_layernorm);
   o.output_layernorm = r.get_bool("output_layernorm", o.output_layernorm);
   o.parallel_attention_mlp = r.get_bool("parallel_attention_mlp", o.parallel_attention_mlp);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("layernorm_epsilon", o.eps);
+  o.norm = r.get_norm_options("layernorm_epsilon");
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
   o.bias = r.get_bool("bias", o.bias);
@@ -76,9 +74,7 @@ MultiheadAttention::Options TransformerLayer::Options::attention() const {
   a.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
   // ln_a is the first residual only with an input norm.
   a.return_layernorm_output = apply_residual_connection_post_layernorm && !output_layernorm;
-  a.normalization = normalization;
-  a.zero_centered_gamma = zero_centered_gamma;
-  a.eps = eps;
+  a.norm = norm;
   a.fuse_qkv_params = fuse_qkv_params;
   a.qkv_weight_interleaved = qkv_weight_interleaved;
   a.bias = bias;
@@ -95,9 +91,7 @@ LayerNormMLP::Options TransformerLayer::Options::mlp() const {
   m.hidden_size = hidden_size;
   m.ffn_hidden_size = ffn_hidden_size;
   m.activation = activation;
-  m.normalization = normalization;
-  m.zero_centered_gamma = zero_centered_gamma;
-  m.eps = eps;
+  m.norm = norm;
   m.bias = bias;
   m.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
   m.return_layernorm_output = apply_residual_connection_post_layernorm;
@@ -115,9 +109,7 @@ namespace {
 LayerNorm::Options output_norm_options(const TransformerLayer::Options& o) {
   LayerNorm::Options n;
   n.hidden_size = o.hidden_size;
-  n.normalization = o.normalization;
-  n.eps = o.eps;
-  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.norm = o.norm;
   n.sequence_parallel = o.sequence_parallel;
   n.params_dtype = o.params_dtype;
   return n;

@@ -55,8 +55,8 @@ std::vector<Variant> gradient_variants() {
        }},
       {"RMSNorm zero_centered_gamma",
        [](Options& o) {
-         o.normalization = NormKind::kRMSNorm;
-         o.zero_centered_gamma = true;
+         o.norm.normalization = NormKind::kRMSNorm;
+         o.norm.zero_centered_gamma = true;
        }},
       {"no bias", [](Options& o) { o.bias = false; }},
       {"return_layernorm_output", [](Options& o) { o.return_layernorm_output = true; }},
@@ -123,7 +123,7 @@ std::vector<Variant> tp_variants() {
        }},
       {"RMSNorm fused fuse_wgrad_accumulation",
        [](Options& o) {
-         o.normalization = NormKind::kRMSNorm;
+         o.norm.normalization = NormKind::kRMSNorm;
          o.fuse_qkv_params = true;
          o.fuse_wgrad_accumulation = true;
        }},
@@ -249,7 +249,7 @@ TEST(MultiheadAttention, OptionsFromJson) {
   EXPECT_EQ(o.window_right, 3);
   EXPECT_TRUE(o.fuse_qkv_params);
   EXPECT_FALSE(o.qkv_weight_interleaved);
-  EXPECT_EQ(o.normalization, NormKind::kRMSNorm);
+  EXPECT_EQ(o.norm.normalization, NormKind::kRMSNorm);
   EXPECT_FALSE(o.bias);
   EXPECT_EQ(o.init_method, InitMethod::kConstant);
   EXPECT_EQ(o.params_dtype, DType::kF16);
@@ -272,7 +272,7 @@ TEST(MultiheadAttention, OptionsFromJson) {
                   ("unknown option eps"));
   const Options d = Options::from_json(nlohmann::json::parse(
       R"({"hidden_size": 16, "num_attention_heads": 4, "layernorm_epsilon": 0.001})"));
-  EXPECT_EQ(d.eps, 0.001);
+  EXPECT_EQ(d.norm.eps, 0.001);
   EXPECT_FALSE(d.input_layernorm);  // the reference's defaults
   EXPECT_FALSE(d.return_bias);
 }

@@ -62,8 +62,8 @@ std::vector<Variant> variants() {
          o.window_right = 2;
        }},
       {"no_mask", [](Options& o) { o.self_attn_mask_type = AttnMaskType::kNoMask; }},
-      {"RMSNorm", [](Options& o) { o.normalization = NormKind::kRMSNorm; }},
-      {"zero_centered_gamma", [](Options& o) { o.zero_centered_gamma = true; }},
+      {"RMSNorm", [](Options& o) { o.norm.normalization = NormKind::kRMSNorm; }},
+      {"zero_centered_gamma", [](Options& o) { o.norm.zero_centered_gamma = true; }},
       {"fuse_qkv_params", [](Options& o) { o.fuse_qkv_params = true; }},
       {"fuse_qkv_params + fuse_wgrad_accumulation",
        [](Options& o) {
@@ -256,7 +256,7 @@ TEST(TransformerLayer, ParameterNamesAndOrder) {
 
   o = base();
   o.fuse_qkv_params = true;
-  o.normalization = NormKind::kRMSNorm;
+  o.norm.normalization = NormKind::kRMSNorm;
   TransformerLayer fused("", o, ctx);
   names.clear();
   for (Parameter* p : fused.parameters()) names.push_back(p->name + shape_str(p->global_shape));

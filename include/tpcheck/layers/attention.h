@@ -72,9 +72,7 @@ class MultiheadAttention {
                                            // unless output_layernorm
     bool return_bias = false;              // TransformerLayer: true unless parallel_attention_mlp
     bool return_layernorm_output = false;  // returns ln (the local slice under SP)
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;
+    NormOptions norm;  // normalization, zero_centered_gamma, eps (key layernorm_epsilon)
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
     bool bias = true;

@@ -26,9 +26,7 @@ class LayerNormLinear {
   struct Options {
     std::int64_t in_features = 0;   // required (> 0)
     std::int64_t out_features = 0;  // required (> 0)
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;
+    NormOptions norm;               // normalization, zero_centered_gamma, eps
     bool return_layernorm_output = false;
     bool bias = true;
     bool return_bias = false;

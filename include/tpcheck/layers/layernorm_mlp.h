@@ -35,9 +35,7 @@ class LayerNormMLP {
     std::int64_t hidden_size = 0;      // required (> 0)
     std::int64_t ffn_hidden_size = 0;  // required (> 0), divisible by the TP size
     Activation activation = Activation::kGelu;
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;
+    NormOptions norm;  // normalization, zero_centered_gamma, eps
     bool bias = true;
     bool return_bias = false;
     bool return_layernorm_output = false;

@@ -52,9 +52,7 @@ class TransformerLayer {
     bool apply_residual_connection_post_layernorm = false;
     bool output_layernorm = false;
     bool parallel_attention_mlp = false;
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;  // JSON key layernorm_epsilon
+    NormOptions norm;  // normalization, zero_centered_gamma, eps (key layernorm_epsilon)
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
     bool bias = true;
