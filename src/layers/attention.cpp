@@ -73,13 +73,11 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.norm = r.get_norm_options("layernorm_epsilon");
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
-  o.bias = r.get_bool("bias", o.bias);
-  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.params = r.get_param_options();
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
   o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
   normalize_window_size(o.attn_mask_type, o.window_left, o.window_right);
   o.validate(1);
@@ -150,12 +148,10 @@ Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t
   Linear::Options l;
   l.in_features = o.hidden_size;
   l.out_features = out;
-  l.bias = o.bias;
+  l.params = o.params;
   l.parallel_mode = ParallelMode::kColumn;
   l.sequence_parallel = o.sequence_parallel;
-  l.init_method = o.init_method;
   l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.params_dtype = o.params_dtype;
   l.site = std::move(site);
   return l;
 }
@@ -190,12 +186,10 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     n.out_features = l.out_features;
     n.norm = o.norm;
     n.return_layernorm_output = o.return_layernorm_output;
-    n.bias = l.bias;
+    n.params = l.params;
     n.parallel_mode = l.parallel_mode;
     n.sequence_parallel = l.sequence_parallel;
-    n.init_method = l.init_method;
     n.fuse_wgrad_accumulation = l.fuse_wgrad_accumulation;
-    n.params_dtype = l.params_dtype;
     n.site = l.site;
     n.weight_blocks = l.weight_blocks;
     n.one_block_mutation = l.one_block_mutation;
@@ -208,13 +202,12 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
   Linear::Options p;
   p.in_features = heads * d;
   p.out_features = o.hidden_size;
-  p.bias = o.bias;
+  p.params = o.params;
+  p.params.init_method = o.output_layer_init_method;  // the output-side weight
   p.return_bias = o.return_bias;
   p.parallel_mode = ParallelMode::kRow;
   p.sequence_parallel = o.sequence_parallel;
-  p.init_method = o.output_layer_init_method;
   p.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  p.params_dtype = o.params_dtype;
   p.site = "attn.proj";
   proj_ = std::make_unique<Linear>(prefix_ + "proj.", p, ctx_);
 }

@@ -97,6 +97,14 @@ NormOptions OptionReader::get_norm_options(std::string_view eps_key) {
   return o;
 }
 
+ParamOptions OptionReader::get_param_options() {
+  ParamOptions o;
+  o.bias = get_bool("bias", o.bias);
+  o.init_method = get_init_method("init_method", o.init_method);
+  o.params_dtype = get_params_dtype(o.params_dtype);
+  return o;
+}
+
 void OptionReader::get_window_size(std::int64_t& left, std::int64_t& right) {
   const nlohmann::json* v = find("window_size");
   if (v == nullptr) return;

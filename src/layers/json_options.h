@@ -47,6 +47,7 @@ class OptionReader {
   // The option groups (option_groups.h), each read here and nowhere else, with the
   // group's own defaults. `eps_key`: "eps" or "layernorm_epsilon" (the layer's name for it).
   NormOptions get_norm_options(std::string_view eps_key);
+  ParamOptions get_param_options();
 
   // Throws on any key not read above, listing the accepted keys.
   void finish() const;

@@ -33,14 +33,12 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
   o.norm = r.get_norm_options("layernorm_epsilon");
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
-  o.bias = r.get_bool("bias", o.bias);
+  o.params = r.get_param_options();
   o.activation = r.get_activation(o.activation);
-  o.init_method = r.get_init_method("init_method", o.init_method);
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
   o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
   o.validate();
   normalize_window_size(o.self_attn_mask_type, o.window_left, o.window_right);
@@ -77,12 +75,10 @@ MultiheadAttention::Options TransformerLayer::Options::attention() const {
   a.norm = norm;
   a.fuse_qkv_params = fuse_qkv_params;
   a.qkv_weight_interleaved = qkv_weight_interleaved;
-  a.bias = bias;
-  a.init_method = init_method;
+  a.params = params;
   a.output_layer_init_method = output_layer_init_method;
   a.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
   a.sequence_parallel = sequence_parallel;
-  a.params_dtype = params_dtype;
   return a;
 }
 
@@ -92,14 +88,12 @@ LayerNormMLP::Options TransformerLayer::Options::mlp() const {
   m.ffn_hidden_size = ffn_hidden_size;
   m.activation = activation;
   m.norm = norm;
-  m.bias = bias;
+  m.params = params;
   m.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
   m.return_layernorm_output = apply_residual_connection_post_layernorm;
-  m.init_method = init_method;
   m.output_layer_init_method = output_layer_init_method;
   m.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
   m.sequence_parallel = sequence_parallel;
-  m.params_dtype = params_dtype;
   m.site = "mlp";
   return m;
 }
@@ -111,7 +105,7 @@ LayerNorm::Options output_norm_options(const TransformerLayer::Options& o) {
   n.hidden_size = o.hidden_size;
   n.norm = o.norm;
   n.sequence_parallel = o.sequence_parallel;
-  n.params_dtype = o.params_dtype;
+  n.params_dtype = o.params.params_dtype;
   return n;
 }
 
@@ -229,14 +223,14 @@ Tensor TransformerLayer::backward(const OutputGrads& grads, Saved& saved) {
 
   OutputGrads gm;
   gm.output = dy;
-  if (o.bias) gm.bias = bias_output_grad(dy);
+  if (o.params.bias) gm.bias = bias_output_grad(dy);
   if (o.apply_residual_connection_post_layernorm) gm.layernorm_output = dy;
   Tensor dh = mlp_.backward(gm, saved.mlp);
   if (!o.apply_residual_connection_post_layernorm) be.accumulate(dh, dy);
 
   OutputGrads ga;
   ga.output = dh;
-  if (o.bias) ga.bias = bias_output_grad(dh);
+  if (o.params.bias) ga.bias = bias_output_grad(dh);
   if (saved.residual_is_ln_a) ga.layernorm_output = dh;
   Tensor dx = attention_.backward(ga, saved.attention);
   if (!saved.residual_is_ln_a) be.accumulate(dx, dh);

@@ -28,7 +28,7 @@ Options base() {
   o.hidden_size = 16;
   o.num_attention_heads = 4;
   o.input_layernorm = true;  // the reference's standalone default is false; test the norm
-  o.params_dtype = DType::kF64;
+  o.params.params_dtype = DType::kF64;
   return o;
 }
 
@@ -58,7 +58,7 @@ std::vector<Variant> gradient_variants() {
          o.norm.normalization = NormKind::kRMSNorm;
          o.norm.zero_centered_gamma = true;
        }},
-      {"no bias", [](Options& o) { o.bias = false; }},
+      {"no bias", [](Options& o) { o.params.bias = false; }},
       {"return_layernorm_output", [](Options& o) { o.return_layernorm_output = true; }},
       {"no input norm", [](Options& o) { o.input_layernorm = false; }},
       {"fused no input norm",
@@ -119,7 +119,7 @@ std::vector<Variant> tp_variants() {
       {"no input norm, no bias RMS",
        [](Options& o) {
          o.input_layernorm = false;
-         o.bias = false;
+         o.params.bias = false;
        }},
       {"RMSNorm fused fuse_wgrad_accumulation",
        [](Options& o) {
@@ -250,9 +250,9 @@ TEST(MultiheadAttention, OptionsFromJson) {
   EXPECT_TRUE(o.fuse_qkv_params);
   EXPECT_FALSE(o.qkv_weight_interleaved);
   EXPECT_EQ(o.norm.normalization, NormKind::kRMSNorm);
-  EXPECT_FALSE(o.bias);
-  EXPECT_EQ(o.init_method, InitMethod::kConstant);
-  EXPECT_EQ(o.params_dtype, DType::kF16);
+  EXPECT_FALSE(o.params.bias);
+  EXPECT_EQ(o.params.init_method, InitMethod::kConstant);
+  EXPECT_EQ(o.params.params_dtype, DType::kF16);
 
   auto parse = [](const char* text) {
     return error_message([&] { Options::from_json(nlohmann::json::parse(text)); });

@@ -28,7 +28,7 @@ Options base() {
   o.hidden_size = 16;
   o.ffn_hidden_size = 12;
   o.num_attention_heads = 4;
-  o.params_dtype = DType::kF64;
+  o.params.params_dtype = DType::kF64;
   return o;
 }
 
@@ -42,7 +42,7 @@ std::vector<Variant> variants() {
   return {
       {"none", [](Options&) {}},
       {"num_gqa_groups 2", [](Options& o) { o.num_gqa_groups = 2; }},
-      {"constant init", [](Options& o) { o.init_method = InitMethod::kConstant; }},
+      {"constant init", [](Options& o) { o.params.init_method = InitMethod::kConstant; }},
       {"constant output-layer init",
        [](Options& o) { o.output_layer_init_method = InitMethod::kConstant; }},
       {"apply_residual_connection_post_layernorm",
@@ -76,7 +76,7 @@ std::vector<Variant> variants() {
          o.qkv_weight_interleaved = false;
          o.num_gqa_groups = 2;
        }},
-      {"bias off", [](Options& o) { o.bias = false; }},
+      {"bias off", [](Options& o) { o.params.bias = false; }},
       {"relu", [](Options& o) { o.activation = Activation::kRelu; }},
       {"swiglu", [](Options& o) { o.activation = Activation::kSwiglu; }},
   };
@@ -282,7 +282,7 @@ TEST(TransformerLayer, OptionsFromJson) {
   EXPECT_EQ(o.output_layer_init_method, InitMethod::kConstant);
   EXPECT_TRUE(o.fuse_wgrad_accumulation);
   EXPECT_TRUE(o.sequence_parallel);
-  EXPECT_EQ(o.params_dtype, DType::kBF16);
+  EXPECT_EQ(o.params.params_dtype, DType::kBF16);
 
   auto parse = [](const char* text) {
     return error_message([&] { Options::from_json(nlohmann::json::parse(text)); });

@@ -75,12 +75,10 @@ class MultiheadAttention {
     NormOptions norm;  // normalization, zero_centered_gamma, eps (key layernorm_epsilon)
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
-    bool bias = true;
-    InitMethod init_method = InitMethod::kNormal;               // QKV weights
+    ParamOptions params;  // bias, init_method (QKV weights), params_dtype
     InitMethod output_layer_init_method = InitMethod::kNormal;  // proj.weight
     bool fuse_wgrad_accumulation = false;
     bool sequence_parallel = false;
-    DType params_dtype = DType::kF32;
 
     std::int64_t groups() const {
       return num_gqa_groups > 0 ? num_gqa_groups : num_attention_heads;

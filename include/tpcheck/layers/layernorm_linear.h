@@ -28,14 +28,12 @@ class LayerNormLinear {
     std::int64_t out_features = 0;  // required (> 0)
     NormOptions norm;               // normalization, zero_centered_gamma, eps
     bool return_layernorm_output = false;
-    bool bias = true;
+    ParamOptions params;  // bias, init_method, params_dtype
     bool return_bias = false;
     ParallelMode parallel_mode = ParallelMode::kNone;  // kNone or kColumn
     bool sequence_parallel = false;
-    InitMethod init_method = InitMethod::kNormal;
     bool fuse_wgrad_accumulation = false;
     bool delay_wgrad_compute = false;
-    DType params_dtype = DType::kF32;
     std::string site = "linear";              // not a JSON key: parents set it
     std::vector<std::int64_t> weight_blocks;  // not a JSON key; see Linear::Options
     Mutation one_block_mutation = Mutation::kNone;  // not a JSON key; see Linear::Options

@@ -55,13 +55,11 @@ class TransformerLayer {
     NormOptions norm;  // normalization, zero_centered_gamma, eps (key layernorm_epsilon)
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
-    bool bias = true;
+    ParamOptions params;  // bias, init_method (QKV and fc1 weights), params_dtype
     Activation activation = Activation::kGelu;
-    InitMethod init_method = InitMethod::kNormal;               // QKV and fc1 weights
     InitMethod output_layer_init_method = InitMethod::kNormal;  // proj and fc2 weights
     bool fuse_wgrad_accumulation = false;
     bool sequence_parallel = false;
-    DType params_dtype = DType::kF32;
 
     // Keys: hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups,
     // self_attn_mask_type ("causal"|"no_mask"), window_size ([l, r]),
