@@ -76,7 +76,7 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.params = r.get_param_options();
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/false);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
   r.finish();
   normalize_window_size(o.attn_mask_type, o.window_left, o.window_right);
@@ -100,6 +100,11 @@ void MultiheadAttention::Options::validate(int tp_size) const {
   TPCHECK_CHECK_INPUT(window_left >= -1 && window_right >= -1,
                       "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})", window_left,
                       window_right);
+  // Not a JSON key here, but settable in C++: backward_dw is a no-op, so Linears that
+  // delayed their weight gradients would never compute them.
+  TPCHECK_CHECK_INPUT(!wgrad.delay_wgrad_compute,
+                      "MultiheadAttention: delay_wgrad_compute is not supported (its backward "
+                      "computes every weight gradient); expected false");
   TPCHECK_CHECK_INPUT(norm.eps > 0, "layernorm_epsilon must be positive, got {}", norm.eps);
   TPCHECK_CHECK_INPUT(num_attention_heads % tp_size == 0,
                       "num_attention_heads {} is not divisible by the tensor-parallel size {}; "
@@ -151,7 +156,7 @@ Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t
   l.params = o.params;
   l.parallel_mode = ParallelMode::kColumn;
   l.sequence_parallel = o.sequence_parallel;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  l.wgrad = o.wgrad;
   l.site = std::move(site);
   return l;
 }
@@ -189,7 +194,7 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     n.params = l.params;
     n.parallel_mode = l.parallel_mode;
     n.sequence_parallel = l.sequence_parallel;
-    n.fuse_wgrad_accumulation = l.fuse_wgrad_accumulation;
+    n.wgrad = l.wgrad;
     n.site = l.site;
     n.weight_blocks = l.weight_blocks;
     n.one_block_mutation = l.one_block_mutation;
@@ -207,7 +212,7 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
   p.return_bias = o.return_bias;
   p.parallel_mode = ParallelMode::kRow;
   p.sequence_parallel = o.sequence_parallel;
-  p.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
+  p.wgrad = o.wgrad;
   p.site = "attn.proj";
   proj_ = std::make_unique<Linear>(prefix_ + "proj.", p, ctx_);
 }

@@ -105,6 +105,15 @@ ParamOptions OptionReader::get_param_options() {
   return o;
 }
 
+WgradOptions OptionReader::get_wgrad_options(bool delay_is_a_key) {
+  WgradOptions o;
+  o.fuse_wgrad_accumulation = get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  if (delay_is_a_key) {
+    o.delay_wgrad_compute = get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  }
+  return o;
+}
+
 void OptionReader::get_window_size(std::int64_t& left, std::int64_t& right) {
   const nlohmann::json* v = find("window_size");
   if (v == nullptr) return;

@@ -48,6 +48,8 @@ class OptionReader {
   // group's own defaults. `eps_key`: "eps" or "layernorm_epsilon" (the layer's name for it).
   NormOptions get_norm_options(std::string_view eps_key);
   ParamOptions get_param_options();
+  // `delay_is_a_key`: false where the layer has no delay_wgrad_compute key (it stays false).
+  WgradOptions get_wgrad_options(bool delay_is_a_key);
 
   // Throws on any key not read above, listing the accepted keys.
   void finish() const;

@@ -19,8 +19,7 @@ LayerNormLinear::Options LayerNormLinear::Options::from_json(const nlohmann::jso
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.parallel_mode = r.get_parallel_mode(o.parallel_mode, /*allow_row=*/false);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
-  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/true);
   r.finish();
   return o;
 }
@@ -49,8 +48,7 @@ Linear::Options LayerNormLinear::linear_options(const Options& o) {
   l.return_bias = o.return_bias;
   l.parallel_mode = o.parallel_mode;
   l.sequence_parallel = o.sequence_parallel;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.delay_wgrad_compute = o.delay_wgrad_compute;
+  l.wgrad = o.wgrad;
   l.site = o.site;
   l.weight_blocks = o.weight_blocks;
   l.one_block_mutation = o.one_block_mutation;

@@ -46,8 +46,7 @@ Linear::Options fc1_options(const LayerNormMLP::Options& o) {
   l.return_bias = o.params.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
   l.parallel_mode = ParallelMode::kColumn;
   l.sequence_parallel = o.sequence_parallel;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.delay_wgrad_compute = o.delay_wgrad_compute;
+  l.wgrad = o.wgrad;
   l.site = o.site + ".fc1";
   return l;
 }
@@ -61,8 +60,7 @@ Linear::Options fc2_options(const LayerNormMLP::Options& o) {
   l.return_bias = o.return_bias;
   l.parallel_mode = ParallelMode::kRow;
   l.sequence_parallel = o.sequence_parallel;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.delay_wgrad_compute = o.delay_wgrad_compute;
+  l.wgrad = o.wgrad;
   l.site = o.site + ".fc2";
   return l;
 }
@@ -82,8 +80,7 @@ LayerNormMLP::Options LayerNormMLP::Options::from_json(const nlohmann::json& j) 
   o.checkpoint = r.get_bool("checkpoint", o.checkpoint);
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
-  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/true);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
   r.finish();
   return o;

@@ -55,8 +55,7 @@ Linear::Options Linear::Options::from_json(const nlohmann::json& j) {
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.parallel_mode = r.get_parallel_mode(o.parallel_mode);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
-  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/true);
   o.save_original_input = r.get_bool("save_original_input", o.save_original_input);
   r.finish();
   return o;
@@ -138,7 +137,7 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
     const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
     weights_.push_back(make_parameter_from_rank(
         ctx_, stem + "weight", {part.rows, o.in_features}, weight_shard, weight_fill,
-        o.params.params_dtype, o.fuse_wgrad_accumulation, weight_rank, values_from));
+        o.params.params_dtype, o.wgrad.fuse_wgrad_accumulation, weight_rank, values_from));
   }
   if (o.params.bias) {
     for (const Options::Split& part : parts) {
@@ -168,9 +167,8 @@ Tensor Linear::local_bias() const {
 
 Tensor Linear::gradient_buffer(GradTarget which) {
   std::vector<Parameter>& ps = which == GradTarget::kWeight ? weights_ : biases_;
-  auto target = [&](Parameter& p) -> Tensor& {
-    return which == GradTarget::kWeight && options_.fuse_wgrad_accumulation ? p.main_grad : p.grad;
-  };
+  const bool to_main_grad = which == GradTarget::kWeight && options_.wgrad.fuse_wgrad_accumulation;
+  auto target = [&](Parameter& p) -> Tensor& { return to_main_grad ? p.main_grad : p.grad; };
   // One parameter: its own buffer (a handle on the same storage), so GEMMs accumulate
   // into it in place.
   if (ps.size() == 1) return target(ps.front());
@@ -182,10 +180,10 @@ Tensor Linear::gradient_buffer(GradTarget which) {
 void Linear::store_gradient_buffer(GradTarget which, const Tensor& buffer) {
   std::vector<Parameter>& ps = which == GradTarget::kWeight ? weights_ : biases_;
   if (ps.size() == 1) return;  // written in place
+  const bool to_main_grad = which == GradTarget::kWeight && options_.wgrad.fuse_wgrad_accumulation;
   std::int64_t row = 0;
   for (Parameter& p : ps) {
-    Tensor& t =
-        which == GradTarget::kWeight && options_.fuse_wgrad_accumulation ? p.main_grad : p.grad;
+    Tensor& t = to_main_grad ? p.main_grad : p.grad;
     t.copy_from(buffer.slice(0, row, t.dim(0)));
     row += t.dim(0);
   }
@@ -310,7 +308,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
     dx = reduce_column_dgrad(ctx_, dx2.reshape(full_shape), o.sequence_parallel);
   }
 
-  if (o.delay_wgrad_compute) {
+  if (o.wgrad.delay_wgrad_compute) {
     saved.grad_output = dy2;
     saved.grad_output_local = dy_local;
     saved.grad_bias_output = grads.bias;
@@ -321,7 +319,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
 }
 
 void Linear::backward_dw(Saved& saved) {
-  if (!options_.delay_wgrad_compute) return;
+  if (!options_.wgrad.delay_wgrad_compute) return;
   TPCHECK_CHECK(saved.grad_output.defined(), "{}: backward_dw before backward", options_.site);
   weight_and_bias_grads(saved.grad_output, saved.grad_output_local, saved.grad_bias_output, saved);
   saved.grad_output = Tensor();

@@ -37,7 +37,7 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
   o.activation = r.get_activation(o.activation);
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/false);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
   r.finish();
   o.validate();
@@ -55,9 +55,14 @@ void TransformerLayer::Options::validate() const {
                       "TransformerLayer: parallel_attention_mlp and "
                       "apply_residual_connection_post_layernorm cannot both be true (the "
                       "reference rejects the combination)");
-  TPCHECK_CHECK_INPUT(!fuse_wgrad_accumulation || fuse_qkv_params,
+  TPCHECK_CHECK_INPUT(!wgrad.fuse_wgrad_accumulation || fuse_qkv_params,
                       "TransformerLayer: fuse_wgrad_accumulation true requires fuse_qkv_params "
                       "true, got fuse_qkv_params false (the reference rejects it)");
+  // Not a JSON key here, but settable in C++: backward_dw is a no-op, so sub-layers that
+  // delayed their weight gradients would never compute them.
+  TPCHECK_CHECK_INPUT(!wgrad.delay_wgrad_compute,
+                      "TransformerLayer: delay_wgrad_compute is not supported (its backward "
+                      "computes every weight gradient); expected false");
 }
 
 MultiheadAttention::Options TransformerLayer::Options::attention() const {
@@ -77,7 +82,7 @@ MultiheadAttention::Options TransformerLayer::Options::attention() const {
   a.qkv_weight_interleaved = qkv_weight_interleaved;
   a.params = params;
   a.output_layer_init_method = output_layer_init_method;
-  a.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
+  a.wgrad = wgrad;
   a.sequence_parallel = sequence_parallel;
   return a;
 }
@@ -92,7 +97,7 @@ LayerNormMLP::Options TransformerLayer::Options::mlp() const {
   m.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
   m.return_layernorm_output = apply_residual_connection_post_layernorm;
   m.output_layer_init_method = output_layer_init_method;
-  m.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
+  m.wgrad = wgrad;
   m.sequence_parallel = sequence_parallel;
   m.site = "mlp";
   return m;

@@ -70,9 +70,10 @@ std::vector<Variant> gradient_variants() {
        [](Options& o) {
          o.fuse_qkv_params = true;
          o.return_layernorm_output = true;
-         o.fuse_wgrad_accumulation = true;
+         o.wgrad.fuse_wgrad_accumulation = true;
        }},
-      {"separate fuse_wgrad_accumulation", [](Options& o) { o.fuse_wgrad_accumulation = true; }},
+      {"separate fuse_wgrad_accumulation",
+       [](Options& o) { o.wgrad.fuse_wgrad_accumulation = true; }},
   };
   for (std::int64_t g : {1, 2, 4}) {
     v.push_back({"separate gqa " + std::to_string(g), [g](Options& o) { o.num_gqa_groups = g; }});
@@ -125,7 +126,7 @@ std::vector<Variant> tp_variants() {
        [](Options& o) {
          o.norm.normalization = NormKind::kRMSNorm;
          o.fuse_qkv_params = true;
-         o.fuse_wgrad_accumulation = true;
+         o.wgrad.fuse_wgrad_accumulation = true;
        }},
   };
 }
@@ -215,6 +216,10 @@ TEST(MultiheadAttention, RejectsInconsistentSizes) {
   o.num_gqa_groups = 2;
   expect_contains(error_message([&] { construct(o, 4); }),
                   ("num_gqa_groups 2 is not divisible by the tensor-parallel size 4"));
+  o = base();
+  o.wgrad.delay_wgrad_compute = true;  // not a JSON key here; its backward_dw does nothing
+  expect_contains(error_message([&] { construct(o); }),
+                  ("MultiheadAttention: delay_wgrad_compute is not supported"));
 }
 
 TEST(MultiheadAttention, WindowSizeFollowsTheReferenceRule) {

@@ -68,7 +68,7 @@ std::vector<Variant> variants() {
       {"fuse_qkv_params + fuse_wgrad_accumulation",
        [](Options& o) {
          o.fuse_qkv_params = true;
-         o.fuse_wgrad_accumulation = true;
+         o.wgrad.fuse_wgrad_accumulation = true;
        }},
       {"fuse_qkv_params, qkv_weight_interleaved off",
        [](Options& o) {
@@ -209,9 +209,12 @@ TEST(TransformerLayer, RejectsWhatTheReferenceRejects) {
   });
   expect_contains(pam_post, "parallel_attention_mlp");
   expect_contains(pam_post, "apply_residual_connection_post_layernorm");
-  const std::string wgrad = build([](Options& o) { o.fuse_wgrad_accumulation = true; });
+  const std::string wgrad = build([](Options& o) { o.wgrad.fuse_wgrad_accumulation = true; });
   expect_contains(wgrad, "fuse_wgrad_accumulation");
   expect_contains(wgrad, "fuse_qkv_params");
+  // Not a JSON key here; its backward_dw does nothing.
+  expect_contains(build([](Options& o) { o.wgrad.delay_wgrad_compute = true; }),
+                  "TransformerLayer: delay_wgrad_compute is not supported");
   const std::string window = build([](Options& o) {
     o.self_attn_mask_type = AttnMaskType::kNoMask;
     o.window_left = -1;
@@ -280,7 +283,7 @@ TEST(TransformerLayer, OptionsFromJson) {
   EXPECT_TRUE(o.apply_residual_connection_post_layernorm);
   EXPECT_EQ(o.activation, Activation::kRelu);
   EXPECT_EQ(o.output_layer_init_method, InitMethod::kConstant);
-  EXPECT_TRUE(o.fuse_wgrad_accumulation);
+  EXPECT_TRUE(o.wgrad.fuse_wgrad_accumulation);
   EXPECT_TRUE(o.sequence_parallel);
   EXPECT_EQ(o.params.params_dtype, DType::kBF16);
 

@@ -77,7 +77,7 @@ class MultiheadAttention {
     bool qkv_weight_interleaved = true;
     ParamOptions params;  // bias, init_method (QKV weights), params_dtype
     InitMethod output_layer_init_method = InitMethod::kNormal;  // proj.weight
-    bool fuse_wgrad_accumulation = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation (delay_wgrad_compute must stay false)
     bool sequence_parallel = false;
 
     std::int64_t groups() const {
@@ -93,8 +93,9 @@ class MultiheadAttention {
     // ("normal"|"constant"), fuse_wgrad_accumulation, sequence_parallel, params_dtype.
     // Throws Error(kInput) on an unknown key or a bad value (naming it).
     static Options from_json(const nlohmann::json& j);
-    // Sizes consistent with each other and with a TP group of `tp_size`; throws
-    // Error(kInput) naming the value and what was expected.
+    // Sizes consistent with each other and with a TP group of `tp_size`, and
+    // wgrad.delay_wgrad_compute false; throws Error(kInput) naming the value and what was
+    // expected.
     void validate(int tp_size) const;
   };
 

@@ -41,8 +41,7 @@ class LayerNormMLP {
     bool return_layernorm_output = false;
     bool checkpoint = false;
     InitMethod output_layer_init_method = InitMethod::kNormal;  // fc2_weight
-    bool fuse_wgrad_accumulation = false;
-    bool delay_wgrad_compute = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation, delay_wgrad_compute
     bool sequence_parallel = false;
     std::string site = "mlp";  // not a JSON key: GEMM sites "<site>.fc1", "<site>.fc2"
 
@@ -79,7 +78,7 @@ class LayerNormMLP {
   Linear& fc2() { return fc2_; }
   ShardSpec input_layout(int rank = 2) const;
   OutputLayout output_layout(int rank = 2) const;
-  bool delays_wgrad() const { return options_.delay_wgrad_compute; }
+  bool delays_wgrad() const { return options_.wgrad.delay_wgrad_compute; }
 
  private:
   // norm → fc1 → activation, filling saved.norm, saved.fc1, saved.fc1_output, saved.fc2

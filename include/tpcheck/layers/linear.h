@@ -46,8 +46,7 @@ class Linear {
     bool return_bias = false;
     ParallelMode parallel_mode = ParallelMode::kNone;
     bool sequence_parallel = false;
-    bool fuse_wgrad_accumulation = false;
-    bool delay_wgrad_compute = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation, delay_wgrad_compute
     bool save_original_input = false;
     // GEMM site name (records "<site>/fwd" ...). Not a JSON key: parents set it.
     std::string site = "linear";
@@ -110,7 +109,7 @@ class Linear {
   // Layouts for an input / output of rank `rank` (2 for [T, features]).
   ShardSpec input_layout(int rank = 2) const;
   OutputLayout output_layout(int rank = 2) const;
-  bool delays_wgrad() const { return options_.delay_wgrad_compute; }
+  bool delays_wgrad() const { return options_.wgrad.delay_wgrad_compute; }
 
  private:
   // dy: [T, out_local] as the wgrad GEMM uses it; dy_local: row SP's local slice (bias).

@@ -58,7 +58,7 @@ class TransformerLayer {
     ParamOptions params;  // bias, init_method (QKV and fc1 weights), params_dtype
     Activation activation = Activation::kGelu;
     InitMethod output_layer_init_method = InitMethod::kNormal;  // proj and fc2 weights
-    bool fuse_wgrad_accumulation = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation (delay_wgrad_compute must stay false)
     bool sequence_parallel = false;
 
     // Keys: hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups,
@@ -71,7 +71,8 @@ class TransformerLayer {
     static Options from_json(const nlohmann::json& j);
     // The reference's rules: parallel_attention_mlp excludes output_layernorm and
     // apply_residual_connection_post_layernorm; fuse_wgrad_accumulation requires
-    // fuse_qkv_params. Throws Error(kInput) naming both options.
+    // fuse_qkv_params. And wgrad.delay_wgrad_compute false (not a key here). Throws
+    // Error(kInput) naming the options.
     void validate() const;
     // The attention's options for these.
     MultiheadAttention::Options attention() const;
