@@ -66,7 +66,10 @@ def gpu_description():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, check=True).stdout.strip().splitlines()
-        return f"{len(out)} × {out[0]} (driver {out[0].split(', ')[-1]})" if out else "no GPU"
+        if not out:
+            return "no GPU"
+        name, driver = out[0].rsplit(", ", 1)
+        return f"{len(out)} × {name}, driver {driver}"
     except (OSError, subprocess.CalledProcessError):
         return "no nvidia-smi"
 
