@@ -71,11 +71,19 @@ OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, Suite
                            Backend& backend) {
   OutputGrads g;
   const Device device = backend.device();
-  if (loss == SuiteLoss::kReference && device != Device::kCpu) {
+  if (loss == SuiteLoss::kReference) {
     const Tensor& y = global.output;
-    const Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(), DType::kF64,
-                                   {}, 0, 1, device);
-    g.output = backend.undecorated().mse_loss_backward(y.to(DType::kF64), target).to(y.dtype());
+    if (device != Device::kCpu) {
+      const Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(),
+                                     DType::kF64, {}, 0, 1, device);
+      g.output = backend.undecorated().mse_loss_backward(y.to(DType::kF64), target).to(y.dtype());
+    } else {
+      std::vector<double> yv = y.to_f64();
+      const std::vector<double> t = loss_target(seed, "target", y.shape(), device);
+      const double factor = 2.0 / static_cast<double>(yv.size());
+      for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = factor * (yv[i] - t[i]);
+      g.output = Tensor::from_f64(yv, y.shape(), y.dtype());
+    }
     if (global.bias.defined()) g.bias = Tensor::zeros_like(global.bias);
     if (global.layernorm_output.defined())
       g.layernorm_output = Tensor::zeros_like(global.layernorm_output);
@@ -85,16 +93,6 @@ OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, Suite
   const Tensor& y = host.output;
   const std::int64_t cols = y.dim(-1), rows = y.numel() / cols;
   std::vector<double> yv = y.to_f64();
-  if (loss == SuiteLoss::kReference) {
-    const std::vector<double> t = loss_target(seed, "target", y.shape(), device);
-    const double factor = 2.0 / static_cast<double>(yv.size());
-    for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = factor * (yv[i] - t[i]);
-    g.output = Tensor::from_f64(yv, y.shape(), y.dtype());
-    if (host.bias.defined()) g.bias = Tensor::zeros_like(host.bias);
-    if (host.layernorm_output.defined())
-      g.layernorm_output = Tensor::zeros_like(host.layernorm_output);
-    return g;
-  }
   if (host.bias.defined()) {
     std::vector<double> b = host.bias.to_f64();
     for (std::int64_t i = 0; i < rows; ++i)
