@@ -47,8 +47,31 @@ SIZE_SETS = {
     "odd": ["--hidden", "120", "--ffn", "72", "--heads", "8", "--seq", "12", "--batch", "24"],
 }
 POLICIES = ["truth", "te@1e-5", "te@5e-5", "allclose"]
+# The grid's GEMM-class axis on each backend. On the CPU the class is chosen by
+# --cpu-gemm (the model of the GPU's choices); on the GPU cuBLASLt chooses, within what
+# --tf32 and --gemm-impl allow: fp32 = CUBLAS_COMPUTE_32F (no TF32), tf32 = TF32 tensor
+# cores only, auto = cuBLASLt's own per-shape choice among TF32 HMMA and FP32 FMA (what
+# --cpu-gemm auto models). f16/bf16 GEMMs are tensor-core products under all three.
+GEMM_FLAGS = {
+    "cpu": {g: ["--cpu-gemm", g] for g in ("fp32", "tf32", "auto")},
+    "cuda": {"fp32": ["--tf32", "off"],
+             "tf32": ["--tf32", "on", "--gemm-impl", "tensor-core"],
+             "auto": ["--tf32", "on", "--gemm-impl", "any"]},
+}
 FULL_ONLY = {"gated-fc1-one-block", "qkv-one-block", "gqa-wrong-group", "window-offset"}
 TE_ATOL_REFERENCE = 1e-5
+
+
+def gpu_description():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout.strip().splitlines()
+        if not out:
+            return "no GPU"
+        name, driver = out[0].rsplit(", ", 1)
+        return f"{len(out)} × {name}, driver {driver}"
+    except (OSError, subprocess.CalledProcessError):
+        return "no nvidia-smi"
 
 
 def machine_description():
@@ -110,16 +133,16 @@ def truth_failure_detail(case):
     return case["id"]
 
 
-def run_point(tpcheck, point, extra, deadline=None):
+def run_point(tpcheck, point, extra, backend, deadline=None):
     if deadline is not None and time.monotonic() > deadline:
         return {"point": point, "skipped": True}
     seed, tp, gemm, size, mutation, suite = point
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "run.json")
-        # --backend cpu: the grid calibrates the CPU's math classes, also on a machine
-        # with a GPU (where `run` would otherwise choose the GPU).
-        cmd = [tpcheck, "run", "--backend", "cpu", "--suite", suite, "--tp", str(tp), "--seed",
-               str(seed), "--cpu-gemm", gemm,
+        # The backend is always explicit: on a machine with a GPU `run` would otherwise
+        # choose the GPU.
+        cmd = [tpcheck, "run", "--backend", backend, "--suite", suite, "--tp", str(tp),
+               "--seed", str(seed)] + GEMM_FLAGS[backend][gemm] + [
                "--mutate", mutation, "--quiet", "--json", path] + SIZE_SETS[size] + extra
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -137,7 +160,7 @@ def run_point(tpcheck, point, extra, deadline=None):
                 failed[p].append(case["id"])
         if case["verdicts"]["truth"]["status"] == "fail" and mutation == "none":
             truth_details.append(truth_failure_detail(case))
-    return {"point": point, "cases": len(report["cases"]), "failed": failed,
+    return {"point": point, "backend": backend, "cases": len(report["cases"]), "failed": failed,
             "truth_details": truth_details, "seconds": seconds,
             "version": report["environment"].get("tpcheck_version", "?")}
 
@@ -153,7 +176,12 @@ def parse_args():
     ap.add_argument("--first-seed", type=int, default=None)
     ap.add_argument("--tp", default="2,4,8")
     ap.add_argument("--suites", default="te", help="comma list of te, full (grid only)")
-    ap.add_argument("--cpu-gemm", default="fp32,tf32,auto")
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu (the grid of docs/POLICIES.md) or cuda (the same grid with "
+                         "cuBLASLt choosing the GEMMs; --cpu-gemm names then map to --tf32 / "
+                         "--gemm-impl, see GEMM_FLAGS)")
+    ap.add_argument("--cpu-gemm", default="fp32,tf32,auto",
+                    help="the GEMM-class axis: fp32, tf32, auto")
     ap.add_argument("--sizes", default="default,large,odd", help=f"of {','.join(SIZE_SETS)}")
     ap.add_argument("--mutations", default="all", help="comma list, or 'all' (from tpcheck mutations)")
     ap.add_argument("--mutation-seeds", type=int, default=None,
@@ -223,9 +251,12 @@ def write_markdown(args, results, errors, mutations, descriptions, wall):
     add = lines.append
     add(f"# Policy calibration: {'sample' if args.sample else 'grid'}\n")
     add(f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
-    add(f"- machine: {machine_description()}")
+    add(f"- machine: {machine_description()}"
+        + (f"; {gpu_description()}" if args.backend == "cuda" else ""))
     add(f"- commit: {git_commit()}; tpcheck {ok[0]['version'] if ok else '?'}")
     add(f"- command: `{' '.join(sys.argv)}`")
+    add(f"- backend: {args.backend}; GEMM-class axis: " + "; ".join(
+        f"{g} = `{' '.join(f)}`" for g, f in GEMM_FLAGS[args.backend].items()))
     add(f"- suite runs: {len(ok)} ({len(clean)} without a mutation), {len(errors)} errors; "
         f"wall time {wall:.0f} s with {args.jobs} jobs")
     add(f"- size sets: " + "; ".join(f"{k}: `{' '.join(v) or '(reference sizes)'}`"
@@ -322,13 +353,16 @@ def main():
                 r["point"] = tuple(r["point"])
                 if len(r["point"]) == 5:  # written before points named their suite: te
                     r["point"] += ("te",)
+                if r.get("backend", "cpu") != args.backend:
+                    continue
                 if "error" not in r and r["point"] in set(grid) and r["point"] not in done:
                     results.append(r)
                     done.add(r["point"])
     todo = [p for p in grid if p not in done]
     sink = open(args.results, "a") if args.results else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_point, args.tpcheck, p, extra, deadline) for p in todo]
+        futures = [pool.submit(run_point, args.tpcheck, p, extra, args.backend, deadline)
+                   for p in todo]
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
             r = fut.result()
             if r.get("skipped"):

@@ -266,6 +266,11 @@ class Backend {
   // Waits until every op issued so far has finished (a no-op on the CPU).
   virtual void synchronize() {}
 
+  // The backend that computes, under every decorator (timing, the rounding probe): for
+  // arithmetic that belongs to the harness, not to the layer under test (the suite's
+  // loss gradient), which a decorator must not perturb or time.
+  virtual Backend& undecorated() { return *this; }
+
   void set_gemm_rule(const GemmClassRule& rule) { state_->gemm_rule = rule; }
   const GemmClassRule& gemm_rule() const { return state_->gemm_rule; }
   void set_rank(int rank) { state_->rank = rank; }
@@ -329,6 +334,7 @@ class BackendWrapper : public Backend {
   explicit BackendWrapper(Backend& target) : target_(target) { adopt_state(target); }
 
   std::string_view name() const override { return target_.name(); }
+  Backend& undecorated() override { return target_.undecorated(); }
   Device device() const override { return target_.device(); }
   void add_bias(Tensor& y, const Tensor& bias) override { target_.add_bias(y, bias); }
   void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override {

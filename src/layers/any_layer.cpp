@@ -66,7 +66,7 @@ LayerNorm::Options norm_options(const LayerSpec& spec, NormKind kind) {
                         j["normalization"].dump());
   }
   LayerNorm::Options o = LayerNorm::Options::from_json(j);
-  o.normalization = kind;
+  o.norm.normalization = kind;
   return o;
 }
 

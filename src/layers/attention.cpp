@@ -31,21 +31,6 @@ AttnMaskType parse_attn_mask_type(std::string_view name) {
   return AttnMaskType::kCausal;  // unreachable
 }
 
-nlohmann::json take_window_size(const nlohmann::json& j, std::string_view layer,
-                                std::int64_t& left, std::int64_t& right) {
-  if (!j.is_object() || !j.contains("window_size")) return j;
-  const nlohmann::json& w = j.at("window_size");
-  TPCHECK_CHECK_INPUT(
-      w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
-      "{} option window_size: expected [left, right] integers (-1: unbounded), got {}", layer,
-      w.dump());
-  left = w[0].get<std::int64_t>();
-  right = w[1].get<std::int64_t>();
-  nlohmann::json rest = j;
-  rest.erase("window_size");
-  return rest;
-}
-
 void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& right) {
   // TransformerEngine's check_set_window_size: causal takes (-1, 0) or (>= 0, 0), no_mask
   // (-1, -1) or (>= 0, >= 0); the forms it corrects are corrected, the rest rejected.
@@ -73,10 +58,9 @@ void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& 
 }
 
 MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "MultiheadAttention");
   Options o;
-  const nlohmann::json rest =
-      take_window_size(j, "MultiheadAttention", o.window_left, o.window_right);
-  OptionReader r(rest, "MultiheadAttention");
+  r.get_window_size(o.window_left, o.window_right);
   o.hidden_size = r.get_size("hidden_size", true);
   o.num_attention_heads = r.get_size("num_attention_heads", true);
   o.num_gqa_groups = r.get_size("num_gqa_groups", false);
@@ -86,18 +70,14 @@ MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohman
   o.input_layernorm = r.get_bool("input_layernorm", o.input_layernorm);
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("layernorm_epsilon", o.eps);
+  o.norm = r.get_norm_options("layernorm_epsilon");
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
-  o.bias = r.get_bool("bias", o.bias);
-  o.init_method = r.get_init_method("init_method", o.init_method);
+  o.params = r.get_param_options();
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/false);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
   normalize_window_size(o.attn_mask_type, o.window_left, o.window_right);
   o.validate(1);
@@ -120,7 +100,12 @@ void MultiheadAttention::Options::validate(int tp_size) const {
   TPCHECK_CHECK_INPUT(window_left >= -1 && window_right >= -1,
                       "window_size bounds must be >= -1 (-1: unbounded), got ({}, {})", window_left,
                       window_right);
-  TPCHECK_CHECK_INPUT(eps > 0, "layernorm_epsilon must be positive, got {}", eps);
+  // Not a JSON key here, but settable in C++: backward_dw is a no-op, so Linears that
+  // delayed their weight gradients would never compute them.
+  TPCHECK_CHECK_INPUT(!wgrad.delay_wgrad_compute,
+                      "MultiheadAttention: delay_wgrad_compute is not supported (its backward "
+                      "computes every weight gradient); expected false");
+  TPCHECK_CHECK_INPUT(norm.eps > 0, "layernorm_epsilon must be positive, got {}", norm.eps);
   TPCHECK_CHECK_INPUT(num_attention_heads % tp_size == 0,
                       "num_attention_heads {} is not divisible by the tensor-parallel size {}; "
                       "expected a multiple of {}",
@@ -168,12 +153,10 @@ Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t
   Linear::Options l;
   l.in_features = o.hidden_size;
   l.out_features = out;
-  l.bias = o.bias;
+  l.params = o.params;
   l.parallel_mode = ParallelMode::kColumn;
   l.sequence_parallel = o.sequence_parallel;
-  l.init_method = o.init_method;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.params_dtype = o.params_dtype;
+  l.wgrad = o.wgrad;
   l.site = std::move(site);
   return l;
 }
@@ -206,16 +189,12 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
     LayerNormLinear::Options n;
     n.in_features = l.in_features;
     n.out_features = l.out_features;
-    n.normalization = o.normalization;
-    n.zero_centered_gamma = o.zero_centered_gamma;
-    n.eps = o.eps;
+    n.norm = o.norm;
     n.return_layernorm_output = o.return_layernorm_output;
-    n.bias = l.bias;
+    n.params = l.params;
     n.parallel_mode = l.parallel_mode;
     n.sequence_parallel = l.sequence_parallel;
-    n.init_method = l.init_method;
-    n.fuse_wgrad_accumulation = l.fuse_wgrad_accumulation;
-    n.params_dtype = l.params_dtype;
+    n.wgrad = l.wgrad;
     n.site = l.site;
     n.weight_blocks = l.weight_blocks;
     n.one_block_mutation = l.one_block_mutation;
@@ -228,13 +207,12 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
   Linear::Options p;
   p.in_features = heads * d;
   p.out_features = o.hidden_size;
-  p.bias = o.bias;
+  p.params = o.params;
+  p.params.init_method = o.output_layer_init_method;  // the output-side weight
   p.return_bias = o.return_bias;
   p.parallel_mode = ParallelMode::kRow;
   p.sequence_parallel = o.sequence_parallel;
-  p.init_method = o.output_layer_init_method;
-  p.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  p.params_dtype = o.params_dtype;
+  p.wgrad = o.wgrad;
   p.site = "attn.proj";
   proj_ = std::make_unique<Linear>(prefix_ + "proj.", p, ctx_);
 }

@@ -89,6 +89,43 @@ Activation OptionReader::get_activation(Activation fallback) {
                                      {"gelu", "relu", "srelu", "qgelu", "geglu", "swiglu"}));
 }
 
+NormOptions OptionReader::get_norm_options(std::string_view eps_key) {
+  NormOptions o;
+  o.normalization = get_normalization(o.normalization);
+  o.zero_centered_gamma = get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.eps = get_positive_double(eps_key, o.eps);
+  return o;
+}
+
+ParamOptions OptionReader::get_param_options() {
+  ParamOptions o;
+  o.bias = get_bool("bias", o.bias);
+  o.init_method = get_init_method("init_method", o.init_method);
+  o.params_dtype = get_params_dtype(o.params_dtype);
+  return o;
+}
+
+WgradOptions OptionReader::get_wgrad_options(bool delay_is_a_key) {
+  WgradOptions o;
+  o.fuse_wgrad_accumulation = get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  if (delay_is_a_key) {
+    o.delay_wgrad_compute = get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  }
+  return o;
+}
+
+void OptionReader::get_window_size(std::int64_t& left, std::int64_t& right) {
+  const nlohmann::json* v = find("window_size");
+  if (v == nullptr) return;
+  const nlohmann::json& w = *v;
+  TPCHECK_CHECK_INPUT(
+      w.is_array() && w.size() == 2 && w[0].is_number_integer() && w[1].is_number_integer(),
+      "{} option window_size: expected [left, right] integers (-1: unbounded), got {}", layer_,
+      w.dump());
+  left = w[0].get<std::int64_t>();
+  right = w[1].get<std::int64_t>();
+}
+
 void OptionReader::finish() const {
   if (!j_.is_object()) return;
   for (auto it = j_.begin(); it != j_.end(); ++it) {

@@ -17,6 +17,7 @@
 #include "tpcheck/backend.h"
 #include "tpcheck/dtype.h"
 #include "tpcheck/layers/linear.h"
+#include "tpcheck/layers/option_groups.h"
 
 namespace tpcheck {
 
@@ -38,6 +39,17 @@ class OptionReader {
   InitMethod get_init_method(std::string_view key, InitMethod fallback);
   NormKind get_normalization(NormKind fallback);   // "normalization"
   Activation get_activation(Activation fallback);  // "activation"
+  // "window_size": [left, right] integers (-1: unbounded) into left and right; both
+  // unchanged when the key is absent. The one reader of the key (MultiheadAttention and
+  // TransformerLayer both take it).
+  void get_window_size(std::int64_t& left, std::int64_t& right);
+
+  // The option groups (option_groups.h), each read here and nowhere else, with the
+  // group's own defaults. `eps_key`: "eps" or "layernorm_epsilon" (the layer's name for it).
+  NormOptions get_norm_options(std::string_view eps_key);
+  ParamOptions get_param_options();
+  // `delay_is_a_key`: false where the layer has no delay_wgrad_compute key (it stays false).
+  WgradOptions get_wgrad_options(bool delay_is_a_key);
 
   // Throws on any key not read above, listing the accepted keys.
   void finish() const;

@@ -26,9 +26,7 @@ LayerNorm::Options LayerNorm::Options::from_json(const nlohmann::json& j) {
                       "LayerNorm options normalized_shape {} and hidden_size {} disagree; give one",
                       normalized_shape, hidden_size);
   o.hidden_size = normalized_shape > 0 ? normalized_shape : hidden_size;
-  o.normalization = r.get_normalization(o.normalization);
-  o.eps = r.get_positive_double("eps", o.eps);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
+  o.norm = r.get_norm_options("eps");
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
   o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
@@ -39,13 +37,13 @@ LayerNorm::LayerNorm(std::string prefix, Options options, const ModuleContext& c
     : options_(std::move(options)), ctx_(ctx) {
   const Options& o = options_;
   TPCHECK_CHECK_INPUT(o.hidden_size > 0, "{}: hidden_size {} must be positive",
-                      norm_kind_name(o.normalization), o.hidden_size);
-  TPCHECK_CHECK_INPUT(o.eps > 0, "{}: eps {} must be positive", norm_kind_name(o.normalization),
-                      o.eps);
+                      norm_kind_name(o.norm.normalization), o.hidden_size);
+  TPCHECK_CHECK_INPUT(o.norm.eps > 0, "{}: eps {} must be positive",
+                      norm_kind_name(o.norm.normalization), o.norm.eps);
   weight_ = make_parameter(ctx_, prefix + "weight", {o.hidden_size}, ShardSpec::replicated(),
-                           default_gamma_fill(o.zero_centered_gamma), o.params_dtype);
+                           default_gamma_fill(o.norm.zero_centered_gamma), o.params_dtype);
   weight_.sequence_parallel_grad = o.sequence_parallel;
-  if (o.normalization == NormKind::kLayerNorm) {
+  if (o.norm.normalization == NormKind::kLayerNorm) {
     bias_ = make_parameter(ctx_, prefix + "bias", {o.hidden_size}, ShardSpec::replicated(),
                            default_beta_fill(), o.params_dtype);
     bias_.sequence_parallel_grad = o.sequence_parallel;
@@ -56,14 +54,14 @@ LayerOutputs LayerNorm::forward(const Tensor& x, Saved& saved) {
   const Options& o = options_;
   TPCHECK_CHECK_INPUT(x.defined() && x.rank() >= 1 && x.dim(-1) == o.hidden_size,
                       "{}: input {} expected [..., {}] (hidden_size)",
-                      norm_kind_name(o.normalization), x.defined() ? x.describe() : "undefined",
-                      o.hidden_size);
+                      norm_kind_name(o.norm.normalization),
+                      x.defined() ? x.describe() : "undefined", o.hidden_size);
   TPCHECK_CHECK_INPUT(x.dtype() == o.params_dtype, "{}: input dtype {}, expected params_dtype {}",
-                      norm_kind_name(o.normalization), dtype_name(x.dtype()),
+                      norm_kind_name(o.norm.normalization), dtype_name(x.dtype()),
                       dtype_name(o.params_dtype));
   saved.input = x;
-  saved.norm = ctx_.backend->norm_forward(o.normalization, x, weight_.value, bias_.value, o.eps,
-                                          o.zero_centered_gamma);
+  saved.norm = ctx_.backend->norm_forward(o.norm.normalization, x, weight_.value, bias_.value,
+                                          o.norm.eps, o.norm.zero_centered_gamma);
   LayerOutputs out;
   out.output = saved.norm.y;
   return out;
@@ -72,21 +70,23 @@ LayerOutputs LayerNorm::forward(const Tensor& x, Saved& saved) {
 Tensor LayerNorm::backward(const OutputGrads& grads, Saved& saved) {
   const Options& o = options_;
   TPCHECK_CHECK(saved.input.defined(), "{}: backward before forward",
-                norm_kind_name(o.normalization));
+                norm_kind_name(o.norm.normalization));
   TPCHECK_CHECK(grads.output.defined() && grads.output.shape() == saved.input.shape(),
-                "{}: output gradient does not match the input {}", norm_kind_name(o.normalization),
-                saved.input.describe());
-  const bool layer_norm = o.normalization == NormKind::kLayerNorm;
+                "{}: output gradient does not match the input {}",
+                norm_kind_name(o.norm.normalization), saved.input.describe());
+  const bool layer_norm = o.norm.normalization == NormKind::kLayerNorm;
   if (!o.sequence_parallel) {
-    return ctx_.backend->norm_backward(o.normalization, grads.output, saved.input, weight_.value,
-                                       saved.norm, o.zero_centered_gamma, weight_.grad, bias_.grad);
+    return ctx_.backend->norm_backward(o.norm.normalization, grads.output, saved.input,
+                                       weight_.value, saved.norm, o.norm.zero_centered_gamma,
+                                       weight_.grad, bias_.grad);
   }
   // SP: this rank's slice gives partial sums; reduce them before accumulating, so
   // gradients accumulated earlier are not summed N times.
   Tensor dgamma = Tensor::zeros_like(weight_.grad);
   Tensor dbeta = layer_norm ? Tensor::zeros_like(bias_.grad) : Tensor();
-  Tensor dx = ctx_.backend->norm_backward(o.normalization, grads.output, saved.input, weight_.value,
-                                          saved.norm, o.zero_centered_gamma, dgamma, dbeta);
+  Tensor dx =
+      ctx_.backend->norm_backward(o.norm.normalization, grads.output, saved.input, weight_.value,
+                                  saved.norm, o.norm.zero_centered_gamma, dgamma, dbeta);
   reduce_replicated_grad(ctx_, dgamma, ReplicatedGrad::kNorm);
   ctx_.backend->accumulate(weight_.grad, dgamma);
   if (layer_norm) {
@@ -98,7 +98,7 @@ Tensor LayerNorm::backward(const OutputGrads& grads, Saved& saved) {
 
 std::vector<Parameter*> LayerNorm::parameters() {
   std::vector<Parameter*> ps = {&weight_};
-  if (options_.normalization == NormKind::kLayerNorm) ps.push_back(&bias_);
+  if (options_.norm.normalization == NormKind::kLayerNorm) ps.push_back(&bias_);
   return ps;
 }
 

@@ -13,18 +13,13 @@ LayerNormLinear::Options LayerNormLinear::Options::from_json(const nlohmann::jso
   Options o;
   o.in_features = r.get_size("in_features", true);
   o.out_features = r.get_size("out_features", true);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("eps", o.eps);
+  o.norm = r.get_norm_options("eps");
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
-  o.bias = r.get_bool("bias", o.bias);
+  o.params = r.get_param_options();
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.parallel_mode = r.get_parallel_mode(o.parallel_mode, /*allow_row=*/false);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.init_method = r.get_init_method("init_method", o.init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
-  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/true);
   r.finish();
   return o;
 }
@@ -38,12 +33,10 @@ LayerNorm::Options LayerNormLinear::norm_options(const Options& o) {
       "none or column");
   LayerNorm::Options n;
   n.hidden_size = o.in_features;
-  n.normalization = o.normalization;
-  n.eps = o.eps;
-  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.norm = o.norm;
   // The norm sees a token slice only when the Linear gathers after it.
   n.sequence_parallel = o.sequence_parallel && o.parallel_mode == ParallelMode::kColumn;
-  n.params_dtype = o.params_dtype;
+  n.params_dtype = o.params.params_dtype;
   return n;
 }
 
@@ -51,14 +44,11 @@ Linear::Options LayerNormLinear::linear_options(const Options& o) {
   Linear::Options l;
   l.in_features = o.in_features;
   l.out_features = o.out_features;
-  l.bias = o.bias;
+  l.params = o.params;
   l.return_bias = o.return_bias;
   l.parallel_mode = o.parallel_mode;
   l.sequence_parallel = o.sequence_parallel;
-  l.init_method = o.init_method;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.delay_wgrad_compute = o.delay_wgrad_compute;
-  l.params_dtype = o.params_dtype;
+  l.wgrad = o.wgrad;
   l.site = o.site;
   l.weight_blocks = o.weight_blocks;
   l.one_block_mutation = o.one_block_mutation;

@@ -22,11 +22,9 @@ LayerNorm::Options mlp_norm_options(const LayerNormMLP::Options& o, int tp) {
                       o.ffn_hidden_size, tp);
   LayerNorm::Options n;
   n.hidden_size = o.hidden_size;
-  n.normalization = o.normalization;
-  n.eps = o.eps;
-  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.norm = o.norm;
   n.sequence_parallel = o.sequence_parallel;
-  n.params_dtype = o.params_dtype;
+  n.params_dtype = o.params.params_dtype;
   return n;
 }
 
@@ -44,14 +42,11 @@ Linear::Options fc1_options(const LayerNormMLP::Options& o) {
     l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};  // a and b sharded separately
     l.one_block_mutation = Mutation::kGatedFc1OneBlock;
   }
-  l.bias = o.bias;
-  l.return_bias = o.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
+  l.params = o.params;
+  l.return_bias = o.params.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
   l.parallel_mode = ParallelMode::kColumn;
   l.sequence_parallel = o.sequence_parallel;
-  l.init_method = o.init_method;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.delay_wgrad_compute = o.delay_wgrad_compute;
-  l.params_dtype = o.params_dtype;
+  l.wgrad = o.wgrad;
   l.site = o.site + ".fc1";
   return l;
 }
@@ -60,14 +55,12 @@ Linear::Options fc2_options(const LayerNormMLP::Options& o) {
   Linear::Options l;
   l.in_features = o.ffn_hidden_size;
   l.out_features = o.hidden_size;
-  l.bias = o.bias;
+  l.params = o.params;
+  l.params.init_method = o.output_layer_init_method;  // the output-side weight
   l.return_bias = o.return_bias;
   l.parallel_mode = ParallelMode::kRow;
   l.sequence_parallel = o.sequence_parallel;
-  l.init_method = o.output_layer_init_method;
-  l.fuse_wgrad_accumulation = o.fuse_wgrad_accumulation;
-  l.delay_wgrad_compute = o.delay_wgrad_compute;
-  l.params_dtype = o.params_dtype;
+  l.wgrad = o.wgrad;
   l.site = o.site + ".fc2";
   return l;
 }
@@ -80,20 +73,15 @@ LayerNormMLP::Options LayerNormMLP::Options::from_json(const nlohmann::json& j) 
   o.hidden_size = r.get_size("hidden_size", true);
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
   o.activation = r.get_activation(o.activation);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("eps", o.eps);
-  o.bias = r.get_bool("bias", o.bias);
+  o.norm = r.get_norm_options("eps");
+  o.params = r.get_param_options();
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.return_layernorm_output = r.get_bool("return_layernorm_output", o.return_layernorm_output);
   o.checkpoint = r.get_bool("checkpoint", o.checkpoint);
-  o.init_method = r.get_init_method("init_method", o.init_method);
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
-  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/true);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
   return o;
 }

@@ -54,15 +54,12 @@ Linear::Options Linear::Options::from_json(const nlohmann::json& j) {
   Options o;
   o.in_features = r.get_size("in_features", true);
   o.out_features = r.get_size("out_features", true);
-  o.bias = r.get_bool("bias", o.bias);
+  o.params = r.get_param_options();
   o.return_bias = r.get_bool("return_bias", o.return_bias);
   o.parallel_mode = r.get_parallel_mode(o.parallel_mode);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.init_method = r.get_init_method("init_method", o.init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
-  o.delay_wgrad_compute = r.get_bool("delay_wgrad_compute", o.delay_wgrad_compute);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/true);
   o.save_original_input = r.get_bool("save_original_input", o.save_original_input);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
   return o;
 }
@@ -140,7 +137,7 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
                         o.site, o.in_features, n);
     weight_shard = ShardSpec::along(1);
   }
-  const FillSpec weight_fill = o.init_method == InitMethod::kConstant
+  const FillSpec weight_fill = o.params.init_method == InitMethod::kConstant
                                    ? FillSpec::constant(kConstantInitValue)
                                    : default_weight_fill();
   // One parameter per split (each sharded on its own), or one `weight` / `bias`.
@@ -148,16 +145,15 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
   if (parts.empty()) parts.push_back({"", o.out_features});
   for (const Options::Split& part : parts) {
     const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
-    weights_.push_back(make_parameter_from_rank(ctx_, stem + "weight", {part.rows, o.in_features},
-                                                weight_shard, weight_fill, o.params_dtype,
-                                                o.fuse_wgrad_accumulation, weight_rank,
-                                                values_from));
+    weights_.push_back(make_parameter_from_rank(
+        ctx_, stem + "weight", {part.rows, o.in_features}, weight_shard, weight_fill,
+        o.params.params_dtype, o.wgrad.fuse_wgrad_accumulation, weight_rank, values_from));
   }
-  if (o.bias) {
+  if (o.params.bias) {
     for (const Options::Split& part : parts) {
       const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
       Parameter b = make_parameter_from_rank(ctx_, stem + "bias", {part.rows}, bias_shard,
-                                             default_bias_fill(), o.params_dtype, false,
+                                             default_bias_fill(), o.params.params_dtype, false,
                                              bias_rank, values_from);
       b.sequence_parallel_grad = o.parallel_mode == ParallelMode::kRow && o.sequence_parallel;
       biases_.push_back(std::move(b));
@@ -181,9 +177,8 @@ Tensor Linear::local_bias() const {
 
 Tensor Linear::gradient_buffer(GradTarget which) {
   std::vector<Parameter>& ps = which == GradTarget::kWeight ? weights_ : biases_;
-  auto target = [&](Parameter& p) -> Tensor& {
-    return which == GradTarget::kWeight && options_.fuse_wgrad_accumulation ? p.main_grad : p.grad;
-  };
+  const bool to_main_grad = which == GradTarget::kWeight && options_.wgrad.fuse_wgrad_accumulation;
+  auto target = [&](Parameter& p) -> Tensor& { return to_main_grad ? p.main_grad : p.grad; };
   // One parameter: its own buffer (a handle on the same storage), so GEMMs accumulate
   // into it in place.
   if (ps.size() == 1) return target(ps.front());
@@ -195,10 +190,10 @@ Tensor Linear::gradient_buffer(GradTarget which) {
 void Linear::store_gradient_buffer(GradTarget which, const Tensor& buffer) {
   std::vector<Parameter>& ps = which == GradTarget::kWeight ? weights_ : biases_;
   if (ps.size() == 1) return;  // written in place
+  const bool to_main_grad = which == GradTarget::kWeight && options_.wgrad.fuse_wgrad_accumulation;
   std::int64_t row = 0;
   for (Parameter& p : ps) {
-    Tensor& t =
-        which == GradTarget::kWeight && options_.fuse_wgrad_accumulation ? p.main_grad : p.grad;
+    Tensor& t = to_main_grad ? p.main_grad : p.grad;
     t.copy_from(buffer.slice(0, row, t.dim(0)));
     row += t.dim(0);
   }
@@ -280,8 +275,9 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
                       "size {})",
                       o.site, x.defined() ? x.describe() : "undefined", local_in(), o.in_features,
                       parallel_mode_name(o.parallel_mode), ctx_.tp_size());
-  TPCHECK_CHECK_INPUT(x.dtype() == o.params_dtype, "{}: input dtype {}, expected params_dtype {}",
-                      o.site, dtype_name(x.dtype()), dtype_name(o.params_dtype));
+  TPCHECK_CHECK_INPUT(x.dtype() == o.params.params_dtype,
+                      "{}: input dtype {}, expected params_dtype {}", o.site, dtype_name(x.dtype()),
+                      dtype_name(o.params.params_dtype));
   const bool row = o.parallel_mode == ParallelMode::kRow;
   const Tensor full = column_sp() ? gather_for_gemm(x, QuantRole::kInput) : x;
   const Tensor x2 = full.reshape({full.numel() / local_in(), local_in()});
@@ -290,7 +286,7 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
   saved.input =
       o.save_original_input && column_sp() ? x.reshape({x.numel() / local_in(), local_in()}) : x2;
 
-  const bool add_bias = o.bias && !o.return_bias;
+  const bool add_bias = o.params.bias && !o.return_bias;
   const Tensor bias = local_bias();
   // Unsharded and column-parallel: the bias goes into the GEMM epilogue (one rounding of
   // x·Wᵀ + b), as the reference passes it to its GEMM. Row-parallel: after the reduction.
@@ -316,7 +312,7 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
   }
   LayerOutputs out;
   if (add_bias && !bias_added) ctx_.backend->add_bias(y, bias);
-  if (o.bias && o.return_bias) out.bias = bias.clone();
+  if (o.params.bias && o.return_bias) out.bias = bias.clone();
   out.output = y;
   return out;
 }
@@ -344,7 +340,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
     dx = reduce_column_dgrad(ctx_, dx2.reshape(full_shape), o.sequence_parallel);
   }
 
-  if (o.delay_wgrad_compute) {
+  if (o.wgrad.delay_wgrad_compute) {
     saved.grad_output = dy2;
     saved.grad_output_local = dy_local;
     saved.grad_bias_output = grads.bias;
@@ -355,7 +351,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
 }
 
 void Linear::backward_dw(Saved& saved) {
-  if (!options_.delay_wgrad_compute) return;
+  if (!options_.wgrad.delay_wgrad_compute) return;
   TPCHECK_CHECK(saved.grad_output.defined(), "{}: backward_dw before backward", options_.site);
   weight_and_bias_grads(saved.grad_output, saved.grad_output_local, saved.grad_bias_output, saved);
   saved.grad_output = Tensor();
@@ -374,7 +370,7 @@ void Linear::weight_and_bias_grads(const Tensor& dy, const Tensor& dy_local,
   linear_gemm("wgrad", dy, true, QuantRole::kGradOutput, input, false, QuantRole::kInput, dw,
               true);
   store_gradient_buffer(GradTarget::kWeight, dw);
-  if (!o.bias) return;
+  if (!o.params.bias) return;
   Tensor db = gradient_buffer(GradTarget::kBias);
   if (o.return_bias) {
     // The returned bias's gradient is given whole (a replicated output's gradient).

@@ -17,10 +17,9 @@
 namespace tpcheck {
 
 TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::json& j) {
+  OptionReader r(j, "TransformerLayer");
   Options o;
-  const nlohmann::json rest =
-      take_window_size(j, "TransformerLayer", o.window_left, o.window_right);
-  OptionReader r(rest, "TransformerLayer");
+  r.get_window_size(o.window_left, o.window_right);
   o.hidden_size = r.get_size("hidden_size", true);
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
   o.num_attention_heads = r.get_size("num_attention_heads", true);
@@ -31,19 +30,15 @@ TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::j
       "apply_residual_connection_post_layernorm", o.apply_residual_connection_post_layernorm);
   o.output_layernorm = r.get_bool("output_layernorm", o.output_layernorm);
   o.parallel_attention_mlp = r.get_bool("parallel_attention_mlp", o.parallel_attention_mlp);
-  o.normalization = r.get_normalization(o.normalization);
-  o.zero_centered_gamma = r.get_bool("zero_centered_gamma", o.zero_centered_gamma);
-  o.eps = r.get_positive_double("layernorm_epsilon", o.eps);
+  o.norm = r.get_norm_options("layernorm_epsilon");
   o.fuse_qkv_params = r.get_bool("fuse_qkv_params", o.fuse_qkv_params);
   o.qkv_weight_interleaved = r.get_bool("qkv_weight_interleaved", o.qkv_weight_interleaved);
-  o.bias = r.get_bool("bias", o.bias);
+  o.params = r.get_param_options();
   o.activation = r.get_activation(o.activation);
-  o.init_method = r.get_init_method("init_method", o.init_method);
   o.output_layer_init_method =
       r.get_init_method("output_layer_init_method", o.output_layer_init_method);
-  o.fuse_wgrad_accumulation = r.get_bool("fuse_wgrad_accumulation", o.fuse_wgrad_accumulation);
+  o.wgrad = r.get_wgrad_options(/*delay_is_a_key=*/false);
   o.sequence_parallel = r.get_bool("sequence_parallel", o.sequence_parallel);
-  o.params_dtype = r.get_params_dtype(o.params_dtype);
   r.finish();
   o.validate();
   normalize_window_size(o.self_attn_mask_type, o.window_left, o.window_right);
@@ -60,9 +55,14 @@ void TransformerLayer::Options::validate() const {
                       "TransformerLayer: parallel_attention_mlp and "
                       "apply_residual_connection_post_layernorm cannot both be true (the "
                       "reference rejects the combination)");
-  TPCHECK_CHECK_INPUT(!fuse_wgrad_accumulation || fuse_qkv_params,
+  TPCHECK_CHECK_INPUT(!wgrad.fuse_wgrad_accumulation || fuse_qkv_params,
                       "TransformerLayer: fuse_wgrad_accumulation true requires fuse_qkv_params "
                       "true, got fuse_qkv_params false (the reference rejects it)");
+  // Not a JSON key here, but settable in C++: backward_dw is a no-op, so sub-layers that
+  // delayed their weight gradients would never compute them.
+  TPCHECK_CHECK_INPUT(!wgrad.delay_wgrad_compute,
+                      "TransformerLayer: delay_wgrad_compute is not supported (its backward "
+                      "computes every weight gradient); expected false");
 }
 
 MultiheadAttention::Options TransformerLayer::Options::attention() const {
@@ -77,17 +77,13 @@ MultiheadAttention::Options TransformerLayer::Options::attention() const {
   a.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
   // ln_a is the first residual only with an input norm.
   a.return_layernorm_output = apply_residual_connection_post_layernorm && !output_layernorm;
-  a.normalization = normalization;
-  a.zero_centered_gamma = zero_centered_gamma;
-  a.eps = eps;
+  a.norm = norm;
   a.fuse_qkv_params = fuse_qkv_params;
   a.qkv_weight_interleaved = qkv_weight_interleaved;
-  a.bias = bias;
-  a.init_method = init_method;
+  a.params = params;
   a.output_layer_init_method = output_layer_init_method;
-  a.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
+  a.wgrad = wgrad;
   a.sequence_parallel = sequence_parallel;
-  a.params_dtype = params_dtype;
   return a;
 }
 
@@ -96,17 +92,13 @@ LayerNormMLP::Options TransformerLayer::Options::mlp() const {
   m.hidden_size = hidden_size;
   m.ffn_hidden_size = ffn_hidden_size;
   m.activation = activation;
-  m.normalization = normalization;
-  m.zero_centered_gamma = zero_centered_gamma;
-  m.eps = eps;
-  m.bias = bias;
+  m.norm = norm;
+  m.params = params;
   m.return_bias = !parallel_attention_mlp;  // sequential: added here, with the residual
   m.return_layernorm_output = apply_residual_connection_post_layernorm;
-  m.init_method = init_method;
   m.output_layer_init_method = output_layer_init_method;
-  m.fuse_wgrad_accumulation = fuse_wgrad_accumulation;
+  m.wgrad = wgrad;
   m.sequence_parallel = sequence_parallel;
-  m.params_dtype = params_dtype;
   m.site = "mlp";
   return m;
 }
@@ -116,11 +108,9 @@ namespace {
 LayerNorm::Options output_norm_options(const TransformerLayer::Options& o) {
   LayerNorm::Options n;
   n.hidden_size = o.hidden_size;
-  n.normalization = o.normalization;
-  n.eps = o.eps;
-  n.zero_centered_gamma = o.zero_centered_gamma;
+  n.norm = o.norm;
   n.sequence_parallel = o.sequence_parallel;
-  n.params_dtype = o.params_dtype;
+  n.params_dtype = o.params.params_dtype;
   return n;
 }
 
@@ -238,14 +228,14 @@ Tensor TransformerLayer::backward(const OutputGrads& grads, Saved& saved) {
 
   OutputGrads gm;
   gm.output = dy;
-  if (o.bias) gm.bias = bias_output_grad(dy);
+  if (o.params.bias) gm.bias = bias_output_grad(dy);
   if (o.apply_residual_connection_post_layernorm) gm.layernorm_output = dy;
   Tensor dh = mlp_.backward(gm, saved.mlp);
   if (!o.apply_residual_connection_post_layernorm) be.accumulate(dh, dy);
 
   OutputGrads ga;
   ga.output = dh;
-  if (o.bias) ga.bias = bias_output_grad(dh);
+  if (o.params.bias) ga.bias = bias_output_grad(dh);
   if (saved.residual_is_ln_a) ga.layernorm_output = dh;
   Tensor dx = attention_.backward(ga, saved.attention);
   if (!saved.residual_is_ln_a) be.accumulate(dx, dh);

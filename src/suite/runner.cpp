@@ -63,23 +63,46 @@ std::vector<double> loss_target(std::uint64_t seed, std::string_view name, const
   return generate(FillSpec::normal(0, 1), seed, name, shape, DType::kF64, {}, 0, 1, device).to_f64();
 }
 
+// Host copies of a run's outputs (the loss, and Execution::results_on_host).
+LayerOutputs to_host(const LayerOutputs& o) {
+  auto host = [](const Tensor& t) { return t.defined() ? t.to_host() : t; };
+  return {host(o.output), host(o.bias), host(o.layernorm_output)};
+}
+
+// The loss gradients of the global outputs, in each output's dtype: computed in f64 and
+// rounded once. The reference loss (MSE on the output) is 2/n · (y − target) — the
+// Backend's mse_loss_backward contract, so on a GPU it is computed there, where y is, by
+// the undecorated backend (the rounding probe perturbs the layer's stores, not the
+// harness's), bit for bit the host loop. tpcheck's own loss (the `full` suite's) is
+// computed on the host.
 OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, SuiteLoss loss,
-                           Device device) {
+                           Backend& backend) {
   OutputGrads g;
-  const Tensor& y = global.output;
-  const std::int64_t cols = y.dim(-1), rows = y.numel() / cols;
-  std::vector<double> yv = y.to_f64();
+  const Device device = backend.device();
   if (loss == SuiteLoss::kReference) {
-    const std::vector<double> t = loss_target(seed, "target", y.shape(), device);
-    for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = 2.0 * (yv[i] - t[i]) / yv.size();
-    g.output = Tensor::from_f64(yv, y.shape(), y.dtype());
+    const Tensor& y = global.output;
+    if (device != Device::kCpu) {
+      const Tensor target = generate(FillSpec::normal(0, 1), seed, "target", y.shape(),
+                                     DType::kF64, {}, 0, 1, device);
+      g.output = backend.undecorated().mse_loss_backward(y.to(DType::kF64), target).to(y.dtype());
+    } else {
+      std::vector<double> yv = y.to_f64();
+      const std::vector<double> t = loss_target(seed, "target", y.shape(), device);
+      const double factor = 2.0 / static_cast<double>(yv.size());
+      for (std::size_t i = 0; i < yv.size(); ++i) yv[i] = factor * (yv[i] - t[i]);
+      g.output = Tensor::from_f64(yv, y.shape(), y.dtype());
+    }
     if (global.bias.defined()) g.bias = Tensor::zeros_like(global.bias);
     if (global.layernorm_output.defined())
       g.layernorm_output = Tensor::zeros_like(global.layernorm_output);
     return g;
   }
-  if (global.bias.defined()) {
-    std::vector<double> b = global.bias.to_f64();
+  const LayerOutputs host = to_host(global);
+  const Tensor& y = host.output;
+  const std::int64_t cols = y.dim(-1), rows = y.numel() / cols;
+  std::vector<double> yv = y.to_f64();
+  if (host.bias.defined()) {
+    std::vector<double> b = host.bias.to_f64();
     for (std::int64_t i = 0; i < rows; ++i)
       for (std::int64_t j = 0; j < cols; ++j) yv[i * cols + j] += b[j];
   }
@@ -87,14 +110,14 @@ OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, Suite
   std::vector<double> dy(yv.size());
   for (std::size_t i = 0; i < yv.size(); ++i) dy[i] = 2.0 * (yv[i] - t[i]) / yv.size();
   g.output = Tensor::from_f64(dy, y.shape(), y.dtype());
-  if (global.bias.defined()) {
+  if (host.bias.defined()) {
     std::vector<double> db(cols, 0.0);
     for (std::int64_t i = 0; i < rows; ++i)
       for (std::int64_t j = 0; j < cols; ++j) db[j] += dy[i * cols + j];
-    g.bias = Tensor::from_f64(db, global.bias.shape(), global.bias.dtype());
+    g.bias = Tensor::from_f64(db, host.bias.shape(), host.bias.dtype());
   }
-  if (global.layernorm_output.defined()) {
-    const Tensor& ln = global.layernorm_output;
+  if (host.layernorm_output.defined()) {
+    const Tensor& ln = host.layernorm_output;
     const std::vector<double> tln = loss_target(seed, "target_ln", ln.shape(), device);
     std::vector<double> lv = ln.to_f64(), d(lv.size());
     for (std::size_t i = 0; i < lv.size(); ++i) d[i] = 2.0 * (lv[i] - tln[i]) / lv.size();
@@ -106,12 +129,6 @@ OutputGrads loss_gradients(const LayerOutputs& global, std::uint64_t seed, Suite
 Tensor shard_of(const Tensor& global, const ShardSpec& spec, const Communicator& comm) {
   if (!global.defined()) return global;
   return take_shard(global, spec, comm.rank(), comm.size());
-}
-
-// Host copies of a run's outputs (the loss, and Execution::results_on_host).
-LayerOutputs to_host(const LayerOutputs& o) {
-  auto host = [](const Tensor& t) { return t.defined() ? t.to_host() : t; };
-  return {host(o.output), host(o.bias), host(o.layernorm_output)};
 }
 
 // One run of the case on one rank of `comm` (size 1 for single and truth): `steps`
@@ -165,7 +182,7 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
       global.layernorm_output =
           gather_global(comm, local.layernorm_output, layout.layernorm_output);
 
-    OutputGrads global_grads = loss_gradients(to_host(global), seed, c.loss, device);
+    OutputGrads global_grads = loss_gradients(global, seed, c.loss, *backend);
     OutputGrads grads{local_grad(global_grads.output, layout.output),
                       local_grad(global_grads.bias, layout.bias),
                       local_grad(global_grads.layernorm_output, layout.layernorm_output)};

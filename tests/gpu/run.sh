@@ -8,7 +8,8 @@
 # Stages (default: all): info tests suite badinput mutations bench; also, not in the
 # default set: production (the te suite at production shapes, TP 8 emulated), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
-# logs and programs) and python (the package, packed by tests/gpu/pack_python.sh).
+# logs and programs), python (the package, packed by tests/gpu/pack_python.sh) and grid
+# (issue 7's calibration grid on the CUDA backend).
 # NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -177,6 +178,22 @@ if has python; then
   else
     row "python package" "not packed: run tests/gpu/pack_python.sh here first" ""
   fi
+fi
+
+# Not in the default stages: issue 7's calibration grid on the GPU (scripts/calibrate.py
+# --backend cuda): false alarms and detection per policy over seeds x TP x GEMM class x
+# size sets, many suite runs at once (they are host-bound). Resumes from
+# docs/calibration/grid_cuda.jsonl; the grown file and its table come back in
+# $OUT/calibration/. TPCHECK_GRID_DEADLINE (s, default 300), TPCHECK_GRID_JOBS,
+# TPCHECK_GRID_ARGS (more calibrate.py arguments).
+if has grid; then
+  mkdir -p "$out/calibration"
+  cp "$root/docs/calibration/grid_cuda.jsonl" "$out/calibration/" 2>/dev/null || true
+  # shellcheck disable=SC2086
+  timed "calibration grid, cuda" grid_cuda.log python3 "$root/scripts/calibrate.py" \
+    --backend cuda --tpcheck "$bin" --jobs "${TPCHECK_GRID_JOBS:-$(($(nproc) - 2))}" \
+    --deadline "${TPCHECK_GRID_DEADLINE:-300}" --results "$out/calibration/grid_cuda.jsonl" \
+    --out "$out/calibration/grid_cuda.md" ${TPCHECK_GRID_ARGS:-}
 fi
 
 # The GEMM algorithm / class differences of every suite run, in one file.

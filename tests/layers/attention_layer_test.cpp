@@ -28,7 +28,7 @@ Options base() {
   o.hidden_size = 16;
   o.num_attention_heads = 4;
   o.input_layernorm = true;  // the reference's standalone default is false; test the norm
-  o.params_dtype = DType::kF64;
+  o.params.params_dtype = DType::kF64;
   return o;
 }
 
@@ -55,10 +55,10 @@ std::vector<Variant> gradient_variants() {
        }},
       {"RMSNorm zero_centered_gamma",
        [](Options& o) {
-         o.normalization = NormKind::kRMSNorm;
-         o.zero_centered_gamma = true;
+         o.norm.normalization = NormKind::kRMSNorm;
+         o.norm.zero_centered_gamma = true;
        }},
-      {"no bias", [](Options& o) { o.bias = false; }},
+      {"no bias", [](Options& o) { o.params.bias = false; }},
       {"return_layernorm_output", [](Options& o) { o.return_layernorm_output = true; }},
       {"no input norm", [](Options& o) { o.input_layernorm = false; }},
       {"fused no input norm",
@@ -70,9 +70,10 @@ std::vector<Variant> gradient_variants() {
        [](Options& o) {
          o.fuse_qkv_params = true;
          o.return_layernorm_output = true;
-         o.fuse_wgrad_accumulation = true;
+         o.wgrad.fuse_wgrad_accumulation = true;
        }},
-      {"separate fuse_wgrad_accumulation", [](Options& o) { o.fuse_wgrad_accumulation = true; }},
+      {"separate fuse_wgrad_accumulation",
+       [](Options& o) { o.wgrad.fuse_wgrad_accumulation = true; }},
   };
   for (std::int64_t g : {1, 2, 4}) {
     v.push_back({"separate gqa " + std::to_string(g), [g](Options& o) { o.num_gqa_groups = g; }});
@@ -119,13 +120,13 @@ std::vector<Variant> tp_variants() {
       {"no input norm, no bias RMS",
        [](Options& o) {
          o.input_layernorm = false;
-         o.bias = false;
+         o.params.bias = false;
        }},
       {"RMSNorm fused fuse_wgrad_accumulation",
        [](Options& o) {
-         o.normalization = NormKind::kRMSNorm;
+         o.norm.normalization = NormKind::kRMSNorm;
          o.fuse_qkv_params = true;
-         o.fuse_wgrad_accumulation = true;
+         o.wgrad.fuse_wgrad_accumulation = true;
        }},
   };
 }
@@ -215,6 +216,10 @@ TEST(MultiheadAttention, RejectsInconsistentSizes) {
   o.num_gqa_groups = 2;
   expect_contains(error_message([&] { construct(o, 4); }),
                   ("num_gqa_groups 2 is not divisible by the tensor-parallel size 4"));
+  o = base();
+  o.wgrad.delay_wgrad_compute = true;  // not a JSON key here; its backward_dw does nothing
+  expect_contains(error_message([&] { construct(o); }),
+                  ("MultiheadAttention: delay_wgrad_compute is not supported"));
 }
 
 TEST(MultiheadAttention, WindowSizeFollowsTheReferenceRule) {
@@ -249,10 +254,10 @@ TEST(MultiheadAttention, OptionsFromJson) {
   EXPECT_EQ(o.window_right, 3);
   EXPECT_TRUE(o.fuse_qkv_params);
   EXPECT_FALSE(o.qkv_weight_interleaved);
-  EXPECT_EQ(o.normalization, NormKind::kRMSNorm);
-  EXPECT_FALSE(o.bias);
-  EXPECT_EQ(o.init_method, InitMethod::kConstant);
-  EXPECT_EQ(o.params_dtype, DType::kF16);
+  EXPECT_EQ(o.norm.normalization, NormKind::kRMSNorm);
+  EXPECT_FALSE(o.params.bias);
+  EXPECT_EQ(o.params.init_method, InitMethod::kConstant);
+  EXPECT_EQ(o.params.params_dtype, DType::kF16);
 
   auto parse = [](const char* text) {
     return error_message([&] { Options::from_json(nlohmann::json::parse(text)); });
@@ -272,7 +277,7 @@ TEST(MultiheadAttention, OptionsFromJson) {
                   ("unknown option eps"));
   const Options d = Options::from_json(nlohmann::json::parse(
       R"({"hidden_size": 16, "num_attention_heads": 4, "layernorm_epsilon": 0.001})"));
-  EXPECT_EQ(d.eps, 0.001);
+  EXPECT_EQ(d.norm.eps, 0.001);
   EXPECT_FALSE(d.input_layernorm);  // the reference's defaults
   EXPECT_FALSE(d.return_bias);
 }

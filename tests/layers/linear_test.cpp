@@ -209,10 +209,10 @@ TEST(Linear, GemmSites) {
 
 TEST(Linear, ConstantInitAndDefaults) {
   const Linear::Options d = Linear::Options::from_json({{"in_features", 4}, {"out_features", 2}});
-  EXPECT_TRUE(d.bias);
+  EXPECT_TRUE(d.params.bias);
   EXPECT_FALSE(d.return_bias);
   EXPECT_EQ(d.parallel_mode, ParallelMode::kNone);
-  EXPECT_EQ(d.params_dtype, DType::kF32);
+  EXPECT_EQ(d.params.params_dtype, DType::kF32);
   std::unique_ptr<Communicator> comm = make_single_communicator();
   std::unique_ptr<Backend> backend = make_cpu_backend();
   ModuleContext ctx{backend.get(), comm.get(), kSeed, Mutation::kNone};

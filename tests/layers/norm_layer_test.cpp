@@ -41,7 +41,7 @@ TEST(Norm, ParameterNamesAndInit) {
   EXPECT_EQ(ln.parameters()[0]->name, "ln.weight");
   EXPECT_EQ(ln.parameters()[1]->name, "ln.bias");
   LayerNorm::Options ro = LayerNorm::Options::from_json(norm_options(true, false));
-  ro.normalization = NormKind::kRMSNorm;
+  ro.norm.normalization = NormKind::kRMSNorm;
   LayerNorm rms("", ro, ctx);
   ASSERT_EQ(rms.parameters().size(), 1u);
   // gamma ~ 1 + N(0, 0.1), or N(0, 0.1) zero-centered: the mean tells them apart.

@@ -28,7 +28,7 @@ Options base() {
   o.hidden_size = 16;
   o.ffn_hidden_size = 12;
   o.num_attention_heads = 4;
-  o.params_dtype = DType::kF64;
+  o.params.params_dtype = DType::kF64;
   return o;
 }
 
@@ -42,7 +42,7 @@ std::vector<Variant> variants() {
   return {
       {"none", [](Options&) {}},
       {"num_gqa_groups 2", [](Options& o) { o.num_gqa_groups = 2; }},
-      {"constant init", [](Options& o) { o.init_method = InitMethod::kConstant; }},
+      {"constant init", [](Options& o) { o.params.init_method = InitMethod::kConstant; }},
       {"constant output-layer init",
        [](Options& o) { o.output_layer_init_method = InitMethod::kConstant; }},
       {"apply_residual_connection_post_layernorm",
@@ -62,13 +62,13 @@ std::vector<Variant> variants() {
          o.window_right = 2;
        }},
       {"no_mask", [](Options& o) { o.self_attn_mask_type = AttnMaskType::kNoMask; }},
-      {"RMSNorm", [](Options& o) { o.normalization = NormKind::kRMSNorm; }},
-      {"zero_centered_gamma", [](Options& o) { o.zero_centered_gamma = true; }},
+      {"RMSNorm", [](Options& o) { o.norm.normalization = NormKind::kRMSNorm; }},
+      {"zero_centered_gamma", [](Options& o) { o.norm.zero_centered_gamma = true; }},
       {"fuse_qkv_params", [](Options& o) { o.fuse_qkv_params = true; }},
       {"fuse_qkv_params + fuse_wgrad_accumulation",
        [](Options& o) {
          o.fuse_qkv_params = true;
-         o.fuse_wgrad_accumulation = true;
+         o.wgrad.fuse_wgrad_accumulation = true;
        }},
       {"fuse_qkv_params, qkv_weight_interleaved off",
        [](Options& o) {
@@ -76,7 +76,7 @@ std::vector<Variant> variants() {
          o.qkv_weight_interleaved = false;
          o.num_gqa_groups = 2;
        }},
-      {"bias off", [](Options& o) { o.bias = false; }},
+      {"bias off", [](Options& o) { o.params.bias = false; }},
       {"relu", [](Options& o) { o.activation = Activation::kRelu; }},
       {"swiglu", [](Options& o) { o.activation = Activation::kSwiglu; }},
   };
@@ -209,9 +209,12 @@ TEST(TransformerLayer, RejectsWhatTheReferenceRejects) {
   });
   expect_contains(pam_post, "parallel_attention_mlp");
   expect_contains(pam_post, "apply_residual_connection_post_layernorm");
-  const std::string wgrad = build([](Options& o) { o.fuse_wgrad_accumulation = true; });
+  const std::string wgrad = build([](Options& o) { o.wgrad.fuse_wgrad_accumulation = true; });
   expect_contains(wgrad, "fuse_wgrad_accumulation");
   expect_contains(wgrad, "fuse_qkv_params");
+  // Not a JSON key here; its backward_dw does nothing.
+  expect_contains(build([](Options& o) { o.wgrad.delay_wgrad_compute = true; }),
+                  "TransformerLayer: delay_wgrad_compute is not supported");
   const std::string window = build([](Options& o) {
     o.self_attn_mask_type = AttnMaskType::kNoMask;
     o.window_left = -1;
@@ -256,7 +259,7 @@ TEST(TransformerLayer, ParameterNamesAndOrder) {
 
   o = base();
   o.fuse_qkv_params = true;
-  o.normalization = NormKind::kRMSNorm;
+  o.norm.normalization = NormKind::kRMSNorm;
   TransformerLayer fused("", o, ctx);
   names.clear();
   for (Parameter* p : fused.parameters()) names.push_back(p->name + shape_str(p->global_shape));
@@ -280,9 +283,9 @@ TEST(TransformerLayer, OptionsFromJson) {
   EXPECT_TRUE(o.apply_residual_connection_post_layernorm);
   EXPECT_EQ(o.activation, Activation::kRelu);
   EXPECT_EQ(o.output_layer_init_method, InitMethod::kConstant);
-  EXPECT_TRUE(o.fuse_wgrad_accumulation);
+  EXPECT_TRUE(o.wgrad.fuse_wgrad_accumulation);
   EXPECT_TRUE(o.sequence_parallel);
-  EXPECT_EQ(o.params_dtype, DType::kBF16);
+  EXPECT_EQ(o.params.params_dtype, DType::kBF16);
 
   auto parse = [](const char* text) {
     return error_message([&] { Options::from_json(nlohmann::json::parse(text)); });

@@ -52,11 +52,6 @@ enum class AttnMaskType { kCausal, kNoMask };
 std::string_view attn_mask_type_name(AttnMaskType t);      // "causal", "no_mask"
 AttnMaskType parse_attn_mask_type(std::string_view name);  // throws Error(kInput)
 
-// Reads the "window_size" key ([left, right] integers) of `j` into left/right when present
-// and returns `j` without it (OptionReader reads scalars only). Throws Error(kInput) on a
-// malformed value, naming `layer`.
-nlohmann::json take_window_size(const nlohmann::json& j, std::string_view layer,
-                                std::int64_t& left, std::int64_t& right);
 // The reference's window rule (check_set_window_size): causal: (-1, -1) → (-1, 0),
 // (l >= 0, r) → (l, 0), (-1, 0) and (l >= 0, 0) kept, anything else rejected; no_mask:
 // (-1, 0) → (-1, -1) (no mask), (-1, -1) and (>= 0, >= 0) kept, a single -1 rejected.
@@ -77,17 +72,13 @@ class MultiheadAttention {
                                            // unless output_layernorm
     bool return_bias = false;              // TransformerLayer: true unless parallel_attention_mlp
     bool return_layernorm_output = false;  // returns ln (the local slice under SP)
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;
+    NormOptions norm;  // normalization, zero_centered_gamma, eps (key layernorm_epsilon)
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
-    bool bias = true;
-    InitMethod init_method = InitMethod::kNormal;               // QKV weights
+    ParamOptions params;  // bias, init_method (QKV weights), params_dtype
     InitMethod output_layer_init_method = InitMethod::kNormal;  // proj.weight
-    bool fuse_wgrad_accumulation = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation (delay_wgrad_compute must stay false)
     bool sequence_parallel = false;
-    DType params_dtype = DType::kF32;
 
     std::int64_t groups() const {
       return num_gqa_groups > 0 ? num_gqa_groups : num_attention_heads;
@@ -102,8 +93,9 @@ class MultiheadAttention {
     // ("normal"|"constant"), fuse_wgrad_accumulation, sequence_parallel, params_dtype.
     // Throws Error(kInput) on an unknown key or a bad value (naming it).
     static Options from_json(const nlohmann::json& j);
-    // Sizes consistent with each other and with a TP group of `tp_size`; throws
-    // Error(kInput) naming the value and what was expected.
+    // Sizes consistent with each other and with a TP group of `tp_size`, and
+    // wgrad.delay_wgrad_compute false; throws Error(kInput) naming the value and what was
+    // expected.
     void validate(int tp_size) const;
   };
 

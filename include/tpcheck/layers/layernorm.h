@@ -4,7 +4,7 @@
 // [hidden]; `<prefix>bias` [hidden] (LayerNorm only). Both are replicated. Under
 // sequence parallel the input is a token slice and the parameter gradients, partial
 // sums over that slice, are all-reduced across the group in backward.
-// One class serves both kinds (Options::normalization); make_layer maps the kinds
+// One class serves both kinds (Options::norm.normalization); make_layer maps the kinds
 // "LayerNorm" and "RMSNorm" onto it.
 // Thread safety: a layer object belongs to one rank.
 #pragma once
@@ -15,18 +15,15 @@
 #include <vector>
 
 #include "tpcheck/layers/module.h"
+#include "tpcheck/layers/option_groups.h"
 
 namespace tpcheck {
-
-inline constexpr double kNormEps = 1e-5;
 
 class LayerNorm {
  public:
   struct Options {
     std::int64_t hidden_size = 0;  // required (> 0)
-    NormKind normalization = NormKind::kLayerNorm;
-    double eps = kNormEps;
-    bool zero_centered_gamma = false;
+    NormOptions norm;              // normalization, zero_centered_gamma, eps
     bool sequence_parallel = false;
     DType params_dtype = DType::kF32;
 

@@ -26,18 +26,13 @@ class LayerNormLinear {
   struct Options {
     std::int64_t in_features = 0;   // required (> 0)
     std::int64_t out_features = 0;  // required (> 0)
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;
+    NormOptions norm;               // normalization, zero_centered_gamma, eps
     bool return_layernorm_output = false;
-    bool bias = true;
+    ParamOptions params;  // bias, init_method, params_dtype
     bool return_bias = false;
     ParallelMode parallel_mode = ParallelMode::kNone;  // kNone or kColumn
     bool sequence_parallel = false;
-    InitMethod init_method = InitMethod::kNormal;
-    bool fuse_wgrad_accumulation = false;
-    bool delay_wgrad_compute = false;
-    DType params_dtype = DType::kF32;
+    WgradOptions wgrad;                       // fuse_wgrad_accumulation, delay_wgrad_compute
     std::string site = "linear";              // not a JSON key: parents set it
     std::vector<std::int64_t> weight_blocks;  // not a JSON key; see Linear::Options
     Mutation one_block_mutation = Mutation::kNone;  // not a JSON key; see Linear::Options
@@ -68,7 +63,7 @@ class LayerNormLinear {
   Linear& linear() { return linear_; }
   ShardSpec input_layout(int rank = 2) const;
   OutputLayout output_layout(int rank = 2) const;
-  bool delays_wgrad() const { return options_.delay_wgrad_compute; }
+  bool delays_wgrad() const { return options_.wgrad.delay_wgrad_compute; }
 
  private:
   static LayerNorm::Options norm_options(const Options& o);

@@ -35,19 +35,14 @@ class LayerNormMLP {
     std::int64_t hidden_size = 0;      // required (> 0)
     std::int64_t ffn_hidden_size = 0;  // required (> 0), divisible by the TP size
     Activation activation = Activation::kGelu;
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;
-    bool bias = true;
+    NormOptions norm;     // normalization, zero_centered_gamma, eps
+    ParamOptions params;  // bias, init_method (fc1_weight), params_dtype
     bool return_bias = false;
     bool return_layernorm_output = false;
     bool checkpoint = false;
-    InitMethod init_method = InitMethod::kNormal;               // fc1_weight
     InitMethod output_layer_init_method = InitMethod::kNormal;  // fc2_weight
-    bool fuse_wgrad_accumulation = false;
-    bool delay_wgrad_compute = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation, delay_wgrad_compute
     bool sequence_parallel = false;
-    DType params_dtype = DType::kF32;
     std::string site = "mlp";  // not a JSON key: GEMM sites "<site>.fc1", "<site>.fc2"
 
     // Keys: hidden_size, ffn_hidden_size, activation (gelu|relu|srelu|qgelu|geglu|swiglu),
@@ -83,7 +78,7 @@ class LayerNormMLP {
   Linear& fc2() { return fc2_; }
   ShardSpec input_layout(int rank = 2) const;
   OutputLayout output_layout(int rank = 2) const;
-  bool delays_wgrad() const { return options_.delay_wgrad_compute; }
+  bool delays_wgrad() const { return options_.wgrad.delay_wgrad_compute; }
 
  private:
   // norm → fc1 → activation, filling saved.norm, saved.fc1, saved.fc1_output, saved.fc2

@@ -31,12 +31,10 @@
 #include <vector>
 
 #include "tpcheck/layers/module.h"
+#include "tpcheck/layers/option_groups.h"
 
 namespace tpcheck {
 
-// How a weight is initialised: N(0, 0.023) or the constant 0.05 (docs/LAYERS.md).
-enum class InitMethod { kNormal, kConstant };
-std::string_view init_method_name(InitMethod m);      // "normal", "constant"
 std::string_view parallel_mode_name(ParallelMode m);  // "none", "column", "row"
 
 class Linear {
@@ -44,15 +42,12 @@ class Linear {
   struct Options {
     std::int64_t in_features = 0;   // required (> 0)
     std::int64_t out_features = 0;  // required (> 0)
-    bool bias = true;
+    ParamOptions params;            // bias, init_method, params_dtype
     bool return_bias = false;
     ParallelMode parallel_mode = ParallelMode::kNone;
     bool sequence_parallel = false;
-    InitMethod init_method = InitMethod::kNormal;
-    bool fuse_wgrad_accumulation = false;
-    bool delay_wgrad_compute = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation, delay_wgrad_compute
     bool save_original_input = false;
-    DType params_dtype = DType::kF32;
     // GEMM site name (records "<site>/fwd" ...). Not a JSON key: parents set it.
     std::string site = "linear";
     // Column mode only, not a JSON key: shard blocks of the weight's dim 0 (and of the
@@ -114,7 +109,7 @@ class Linear {
   // Layouts for an input / output of rank `rank` (2 for [T, features]).
   ShardSpec input_layout(int rank = 2) const;
   OutputLayout output_layout(int rank = 2) const;
-  bool delays_wgrad() const { return options_.delay_wgrad_compute; }
+  bool delays_wgrad() const { return options_.wgrad.delay_wgrad_compute; }
 
  private:
   // dy: [T, out_local] as the wgrad GEMM uses it; dy_local: row SP's local slice (bias).

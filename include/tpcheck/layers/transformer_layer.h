@@ -52,18 +52,14 @@ class TransformerLayer {
     bool apply_residual_connection_post_layernorm = false;
     bool output_layernorm = false;
     bool parallel_attention_mlp = false;
-    NormKind normalization = NormKind::kLayerNorm;
-    bool zero_centered_gamma = false;
-    double eps = kNormEps;  // JSON key layernorm_epsilon
+    NormOptions norm;  // normalization, zero_centered_gamma, eps (key layernorm_epsilon)
     bool fuse_qkv_params = false;
     bool qkv_weight_interleaved = true;
-    bool bias = true;
+    ParamOptions params;  // bias, init_method (QKV and fc1 weights), params_dtype
     Activation activation = Activation::kGelu;
-    InitMethod init_method = InitMethod::kNormal;               // QKV and fc1 weights
     InitMethod output_layer_init_method = InitMethod::kNormal;  // proj and fc2 weights
-    bool fuse_wgrad_accumulation = false;
+    WgradOptions wgrad;  // fuse_wgrad_accumulation (delay_wgrad_compute must stay false)
     bool sequence_parallel = false;
-    DType params_dtype = DType::kF32;
 
     // Keys: hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups,
     // self_attn_mask_type ("causal"|"no_mask"), window_size ([l, r]),
@@ -75,7 +71,8 @@ class TransformerLayer {
     static Options from_json(const nlohmann::json& j);
     // The reference's rules: parallel_attention_mlp excludes output_layernorm and
     // apply_residual_connection_post_layernorm; fuse_wgrad_accumulation requires
-    // fuse_qkv_params. Throws Error(kInput) naming both options.
+    // fuse_qkv_params. And wgrad.delay_wgrad_compute false (not a key here). Throws
+    // Error(kInput) naming the options.
     void validate() const;
     // The attention's options for these.
     MultiheadAttention::Options attention() const;
