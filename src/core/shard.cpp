@@ -118,7 +118,7 @@ Tensor take_shard(const Tensor& global, const ShardSpec& spec, int rank, int wor
   BlockLayout layout = layout_of(global.shape(), spec, world);
   Shape shape = global.shape();
   shape[spec.dim] = layout.local_dim;
-  Tensor local(shape, global.dtype());
+  Tensor local(shape, global.dtype(), global.device());  // where the global tensor is
   for (std::size_t j = 0; j < layout.piece.size(); ++j) {
     if (layout.piece[j] == 0) continue;
     local.write_slice(

@@ -54,6 +54,7 @@
 #include "tpcheck/device.h"
 #include "tpcheck/error.h"
 #include "tpcheck/rng.h"
+#include "tpcheck/shard.h"
 
 namespace tpcheck {
 namespace {
@@ -402,6 +403,32 @@ TEST_F(CudaOps, ElementwiseOpsMatchCpu) {
         EXPECT_TRUE(same_bits(gpu_->mse_loss_backward(a_gpu, b_gpu), cpu_->mse_loss_backward(a, b)))
             << what << " mse_loss_backward";
       }
+    }
+  }
+}
+
+// ---- shards --------------------------------------------------------------------------------
+
+// take_shard and assemble_shards on GPU tensors stay on the GPU and move the host twins'
+// bits (the runner shards the loss gradient where it was computed: on the GPU since
+// a158a3f, which take_shard did not handle until then).
+TEST_F(CudaOps, ShardsOfGpuTensorsStayOnTheGpu) {
+  const Shape shape{6, 8, 12};
+  const ShardSpec specs[] = {ShardSpec::replicated(), ShardSpec::along(0), ShardSpec::along(1),
+                             ShardSpec::along(2, {4, 4, 4})};
+  for (DType dtype : kStorage) {
+    const Tensor global = random(shape, dtype, "global", 11);
+    const Tensor global_gpu = on_gpu(global);
+    for (const ShardSpec& spec : specs) {
+      std::vector<Tensor> shards_gpu;
+      for (int rank = 0; rank < 2; ++rank) {
+        const Tensor shard_gpu = take_shard(global_gpu, spec, rank, 2);
+        EXPECT_TRUE(same_bits(shard_gpu, take_shard(global, spec, rank, 2)))
+            << dtype_name(dtype) << " dim " << spec.dim << " rank " << rank;
+        shards_gpu.push_back(shard_gpu);
+      }
+      EXPECT_TRUE(same_bits(assemble_shards(shards_gpu, spec), global))
+          << dtype_name(dtype) << " dim " << spec.dim << " assembled";
     }
   }
 }

@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
 rm -rf .devrun && mkdir -p .devrun/lib .devrun/tests .devrun/bench
-strip -o .devrun/tpcheck "$build/tpcheck"
+# Debug information out, function names kept (tests/gpu/sample_stacks.sh reads them).
+strip --strip-debug -o .devrun/tpcheck "$build/tpcheck"
 for src in tests/gpu/*_test.cpp; do
   name="$(basename "$src" .cpp)"
   strip -o ".devrun/tests/$name" "$build/tests/$name"

@@ -6,7 +6,8 @@
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite badinput mutations bench; also, not in the
-# default set: production (the te suite at production shapes, TP 8 emulated), pytorch
+# default set: production (the te suite at production shapes, TP 8 emulated), profile
+# (stack samples of its TransformerLayer cases), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
 # logs and programs), python (the package, packed by tests/gpu/pack_python.sh) and grid
 # (issue 7's calibration grid on the CUDA backend).
@@ -133,6 +134,17 @@ if has production; then
     --json "$out/te_cuda_tp8_production.json"
 fi
 
+# Not in the default stages: where the production-shape TransformerLayer cases spend the
+# host's time, sampled with cuda-gdb (tests/gpu/sample_stacks.sh; the machine has no perf).
+# TPCHECK_PROFILE_SAMPLES (default 20), 3 s apart; the folded stacks are in profile.txt.
+if has profile; then
+  timed "stack samples, production TransformerLayer" profile.txt \
+    bash "$root/tests/gpu/sample_stacks.sh" "$out/profile" "${TPCHECK_PROFILE_SAMPLES:-20}" 3 -- \
+    "$bin" run --suite te --backend cuda --tp 8 --hidden 4096 --ffn 16384 --heads 32 --seq 256 \
+    --batch 8 --filter "${TPCHECK_PROFILE_FILTER:-^TransformerLayer}"
+  cp "$out/profile.txt" "$out/profile_folded.md"
+fi
+
 if has mutations; then
   for tp in 2 4 8; do
     # (Not the mutations of one recipe's code, listed "(needs --recipe ...)": --recipe is
@@ -203,8 +215,10 @@ ls "$out"/te_cuda_tp*.json >/dev/null 2>&1 &&
 (
   cd "$out" || exit
   tar -czf logs.tgz --exclude=logs.tgz --exclude=table.md --exclude=class_tables.md \
+    --exclude=profile_folded.md \
     --exclude='*.tgz' --exclude=failures.txt --exclude=./calibration . 2>/dev/null
   find . -maxdepth 1 -type f ! -name '*.tgz' ! -name table.md ! -name class_tables.md \
+    ! -name profile_folded.md \
     ! -name failures.txt -delete
 )
 cat "$out/failures.txt" 2>/dev/null | grep -v PASSED | head -30

@@ -4,6 +4,11 @@
 
 #include <nccl.h>
 
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 
@@ -43,6 +48,49 @@ void fail_cublas(cublasStatus_t status, const char* call, const char* file, int 
 
 }  // namespace cuda
 
+namespace {
+
+// The streams and cuBLASLt handles of finished backends, per device, kept for the next
+// ones. A suite makes a backend per rank and run (eight per case at TP 4). Creating a
+// stream takes the driver's context lock for writing: stack samples of the production
+// shapes at TP 8 found 80 % of the busy rank threads waiting for it in cuStreamCreate
+// (tests/gpu/README.md), and cublasLtCreate costs as much again. A pooled stream is
+// synchronized and retired from the allocator exactly as a destroyed one was; only the
+// two objects are kept.
+struct StreamAndHandle {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+};
+
+class StreamPool {
+ public:
+  std::optional<StreamAndHandle> take(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<StreamAndHandle>& idle = idle_[device];
+    if (idle.empty()) return std::nullopt;
+    StreamAndHandle s = idle.back();
+    idle.pop_back();
+    return s;
+  }
+  void give(int device, StreamAndHandle s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_[device].push_back(s);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::vector<StreamAndHandle>> idle_;
+};
+
+StreamPool& stream_pool() {
+  // Never destroyed: at exit the driver may be shut down before static destructors run,
+  // and the process's end frees streams and handles anyway.
+  static StreamPool* pool = new StreamPool;
+  return *pool;
+}
+
+}  // namespace
+
 CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -56,10 +104,15 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   cuda::install_cuda_runtime();
   cuda::register_cuda_compare();  // the suite compares the results where they were computed
   TPCHECK_CUDA_CHECK(cudaSetDevice(options.device));
-  TPCHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (std::optional<StreamAndHandle> idle = stream_pool().take(options.device)) {
+    stream_ = idle->stream;
+    lt_ = idle->lt;
+  } else {
+    TPCHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
   cuda::allocator_adopt_stream(options.device, stream_);
   cuda::set_current_stream(options.device, stream_);
-  TPCHECK_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  if (lt_ == nullptr) TPCHECK_CUBLAS_CHECK(cublasLtCreate(&lt_));
   // Whole cudaMalloc blocks, 256-byte aligned: the alignment cuBLASLt asks of workspaces.
   workspace_block_ = cuda::install_cuda_runtime().allocate(options.workspace_bytes);
   workspace_ = workspace_block_.get();
@@ -67,22 +120,28 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
 
 CudaBackend::~CudaBackend() {
   // Never throw from here: a failed rank is already unwinding.
+  bool idle = false;  // the stream finished its work without an error: it can be reused
   if (stream_ != nullptr) {
-    cudaStreamSynchronize(stream_);
+    idle = cudaStreamSynchronize(stream_) == cudaSuccess;
     // Its cached blocks (and those of its tensors that outlive it) serve later streams.
     cuda::allocator_retire_stream(options_.device, stream_);
   }
   workspace_block_.reset();  // to the idle pool: the stream is retired
-  if (lt_ != nullptr) cublasLtDestroy(lt_);
-  if (stream_ != nullptr) {
-    if (cuda::current_stream() == stream_) {
-      try {
-        cuda::set_current_stream(options_.device, nullptr);
-      } catch (...) {  // a destructor must not throw; the stream is gone either way
-      }
+  if (stream_ != nullptr && cuda::current_stream() == stream_) {
+    try {
+      cuda::set_current_stream(options_.device, nullptr);
+    } catch (...) {  // a destructor must not throw; the stream is released either way
     }
-    cudaStreamDestroy(stream_);
   }
+  if (idle && lt_ != nullptr) {
+    try {
+      stream_pool().give(options_.device, StreamAndHandle{stream_, lt_});
+      return;
+    } catch (...) {  // no memory to keep it: destroy it below
+    }
+  }
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 void CudaBackend::synchronize() { TPCHECK_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
