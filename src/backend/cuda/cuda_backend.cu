@@ -53,8 +53,8 @@ namespace {
 // The streams and cuBLASLt handles of finished backends, per device, kept for the next
 // ones. A suite makes a backend per rank and run (eight per case at TP 4). Creating a
 // stream takes the driver's context lock for writing: stack samples of the production
-// shapes at TP 8 found 80 % of the busy rank threads waiting for it in cuStreamCreate
-// (tests/gpu/README.md), and cublasLtCreate costs as much again. A pooled stream is
+// shapes at TP 8 found half of the busy rank-thread stacks waiting for it in
+// cuStreamCreate and 7 % in cublasLtCreate (tests/gpu/README.md). A pooled stream is
 // synchronized and retired from the allocator exactly as a destroyed one was; only the
 // two objects are kept.
 struct StreamAndHandle {
