@@ -7,7 +7,11 @@
 //   layer     TransformerLayer forward + backward, bf16, TP 1, at hidden H, ffn F, heads A,
 //             seq S, batch B (default 4096 / 16384 / 32 / 2048 / 4): time per step, FLOPs
 //             from the GEMM ledger (Σ 2·m·n·k·batch, attention's products included), the
-//             rate, and the rate as a fraction of the gemm ceiling.
+//             rate, and the rate as a fraction of the gemm ceiling; then the same layer
+//             under FP8 current scaling (the Linear GEMMs on FP8 operands, quantization
+//             included) and its speed-up over bf16;
+//   quantize  each recipe's GPU quantization of a bf16 8192×8192 tensor (both copies),
+//             bytes moved (input once, each copy once) per second against the copy rate.
 // Each timing: warm-up runs first, then `reps` timed runs (device synchronized around
 // each); the median is reported. Prints one line per figure; with no GPU it says so and
 // exits 0 (scripts/bench.sh runs every bench on the CPU machine too).
@@ -18,6 +22,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tpcheck/backend.h"
@@ -25,6 +30,7 @@
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/device.h"
 #include "tpcheck/layers/any_layer.h"
+#include "tpcheck/quant.h"
 #include "tpcheck/rng.h"
 #include "timed_backend.h"
 
@@ -94,9 +100,42 @@ int run(int argc, char** argv) {
                 static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n),
                 be->ledger().records().back().implementation.c_str());
   }
-  {  // the layer
+  double copy_rate = 0;
+  {  // quantization kernels (quantize_on_gpu) on a bf16 [8192, 8192] activation, both copies
+     // (rowwise and its transpose) as the layers ask for an input that fprop and wgrad
+     // read. Bytes: the input read once and each copy written once (what a fused kernel
+     // must move at least), against the copy bandwidth.
+    Tensor src = generate(FillSpec::normal(0, 1), 1, "copy", {std::int64_t{1} << 28}, DType::kF32)
+                     .to_device(Device::kCuda);
+    Tensor dst;
+    copy_rate = 2.0 * src.nbytes() / median_seconds(*be, 10, [&] { dst = src.clone(); });
+    const std::int64_t n = 8192;
+    const Tensor x = generate(FillSpec::normal(0, 1), 2, "q", {n, n}, DType::kBF16)
+                         .to_device(Device::kCuda);
+    const std::pair<Recipe, QuantRole> recipes[] = {{Recipe::kFp8Current, QuantRole::kInput},
+                                                    {Recipe::kFp8Block, QuantRole::kInput},
+                                                    {Recipe::kMxfp8, QuantRole::kInput},
+                                                    {Recipe::kNvfp4, QuantRole::kInput}};
+    for (const auto& [recipe, role] : recipes) {
+      QuantizeOptions o;
+      o.recipe = recipe;
+      o.role = role;
+      o.usage = QuantUsage{true, true};
+      std::shared_ptr<QuantizedData> q;
+      const double s = median_seconds(*be, 10, [&] { q = be->quantize(x, o, "bench"); });
+      const double bytes = static_cast<double>(x.nbytes()) + 2.0 * n * n;  // + scales (small)
+      std::printf("quantize %s (bf16 %lldx%lld, rowwise + columnwise): %.3f ms, %.0f GB/s = %.0f%% "
+                  "of the copy bandwidth (%.0f GB/s)\n",
+                  std::string(recipe_name(recipe)).c_str(), static_cast<long long>(n),
+                  static_cast<long long>(n), s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / copy_rate,
+                  copy_rate / 1e9);
+    }
+  }
+  double bf16_layer_seconds = 0;
+  for (Recipe recipe : {Recipe::kNone, Recipe::kFp8Current}) {  // the layer
     std::unique_ptr<Communicator> comm = make_single_communicator();
     ModuleContext ctx{be.get(), comm.get(), 1234};
+    ctx.recipe = recipe;
     nlohmann::json options = {{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
                               {"num_attention_heads", heads}, {"params_dtype", "bf16"},
                               {"layernorm_epsilon", 1e-5}};
@@ -113,12 +152,19 @@ int run(int argc, char** argv) {
       layer->backward(OutputGrads{dy, Tensor(), Tensor()});
       flops = ledger_flops(be->ledger().records(), from);
     });
-    std::printf(
-        "layer: TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld batch %lld: "
-        "%.2f ms, %.1f TFLOP (ledger), %.0f TFLOP/s = %.0f%% of the gemm ceiling\n",
-        static_cast<long long>(hidden), static_cast<long long>(ffn), static_cast<long long>(heads),
-        static_cast<long long>(seq), static_cast<long long>(batch), s * 1e3, flops / 1e12,
-        flops / s / 1e12, 100.0 * flops / s / gemm_rate);
+    if (recipe == Recipe::kNone) {
+      bf16_layer_seconds = s;
+      std::printf(
+          "layer: TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld batch %lld: "
+          "%.2f ms, %.1f TFLOP (ledger), %.0f TFLOP/s = %.0f%% of the gemm ceiling\n",
+          static_cast<long long>(hidden), static_cast<long long>(ffn), static_cast<long long>(heads),
+          static_cast<long long>(seq), static_cast<long long>(batch), s * 1e3, flops / 1e12,
+          flops / s / 1e12, 100.0 * flops / s / gemm_rate);
+    } else {
+      std::printf("layer %s: same layer, bf16 activations, Linear GEMMs on FP8 (quantization "
+                  "included): %.2f ms = %.2fx the bf16 layer's speed\n",
+                  std::string(recipe_name(recipe)).c_str(), s * 1e3, bf16_layer_seconds / s);
+    }
   }
   {  // where the layer's time goes: one more iteration with the device synchronized after
      // every op (bench::TimedBackend), so each op kind's kernels are timed by themselves

@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "tpcheck/gemm_record.h"
+#include "tpcheck/quant.h"
 #include "tpcheck/tensor.h"
 
 namespace tpcheck {
@@ -167,6 +168,7 @@ struct QuantizedGemmProblem {
   GemmEpilogue epilogue;
   MathClass math_class = MathClass::kFp8;
   float alpha = 1.0f;
+  bool fast_accumulation = false;  // see Backend::gemm_quantized
 };
 
 // ---- the interface -----------------------------------------------------------------
@@ -212,9 +214,21 @@ class Backend {
   // rowwise; dgrad dX = dY W: dY rowwise, W columnwise; wgrad dW = dYᵀ X: both columnwise).
   // The math class is the recipe's (quant_math_class); the record's a_dtype / b_dtype are
   // the data formats. Error(kInput) when a copy is missing or shapes disagree.
+  // fast_accumulation: Hopper's FP8 "fast accumulation" (CUBLASLT_MATMUL_DESC_FAST_ACCUM),
+  // which the reference's per-tensor FP8 recipes use for the forward GEMM and not for
+  // dgrad / wgrad (their split accumulator). The CUDA engine passes it to cuBLASLt; the CPU
+  // records it and accumulates exactly in f32 either way (docs/QUANTIZATION.md).
+  // A bias epilogue with an f32 output is rounded to bf16 first, under every recipe: the
+  // reference does so because cuBLASLt's FP8 GEMMs take no f32 bias.
   void gemm_quantized(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
                       bool trans_b, Tensor& c, bool accumulate,
-                      const GemmEpilogue& epilogue = {});
+                      const GemmEpilogue& epilogue = {}, bool fast_accumulation = false);
+
+  // quantize() (quant.h) on this backend's device: the quantized copies (data and
+  // scale_inv) on device(), amax / global_amax / scale on the host. Same checks and
+  // errors as quantize(). The default quantizes on the host (the CPU backend).
+  virtual std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
+                                                  std::string_view what);
 
   // y[.., n] += bias[n] (in place).
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
@@ -337,6 +351,10 @@ class BackendWrapper : public Backend {
   Backend& undecorated() override { return target_.undecorated(); }
   Device device() const override { return target_.device(); }
   void add_bias(Tensor& y, const Tensor& bias) override { target_.add_bias(y, bias); }
+  std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
+                                          std::string_view what) override {
+    return target_.quantize(x, options, what);
+  }
   void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override {
     target_.accumulate_bias_grad(dy, dbias);
   }

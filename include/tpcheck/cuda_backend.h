@@ -38,6 +38,11 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& options,
                                                std::string_view what = "tensor");
 
+// quantized_values() (quant.h) on the GPU: one copy of GPU-quantized data decoded, times
+// its block scales, into a GPU f32 tensor (exact, as on the CPU); what the CUDA backend's
+// emulated GEMMs multiply. Built without CUDA: an error.
+QuantizedValues quantized_values_on_gpu(const QuantizedData& q, bool columnwise);
+
 // Device memory tpcheck did not allocate (DLPack arrays from Python, zero-copy): makes the
 // calling thread ready to wrap it as kCuda tensors (Tensor::wrap) on GPU `device` —
 // registers the CUDA runtime with Tensor and the GPU statistics reduction with

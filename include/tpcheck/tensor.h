@@ -155,6 +155,9 @@ struct QuantizedData {
   Tensor global_amax;              // [1] f32: the amax the scales came from (after a
                                    // reduction across the group; NVFP4's GEMM alpha)
   Tensor scale;                    // [1] f32: the FP8 per-tensor scale; NVFP4's S_enc
+  // Placement: the data and scale_inv tensors are on the device that quantized
+  // (Backend::quantize), so a GEMM there reads them directly; amax, global_amax and scale
+  // are host tensors (the layers' scaling bookkeeping reads them).
 };
 
 // True when a and b have the same shape, dtype and bit patterns.

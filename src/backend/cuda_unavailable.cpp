@@ -23,6 +23,12 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor&, const QuantizeOpti
   return nullptr;
 }
 
+QuantizedValues quantized_values_on_gpu(const QuantizedData&, bool) {
+  TPCHECK_CHECK_INPUT(false, "quantized_values_on_gpu: this tpcheck was built without CUDA "
+                             "(TPCHECK_CUDA=OFF)");
+  return {};
+}
+
 int use_external_cuda_device(int device) {
   TPCHECK_CHECK_INPUT(false,
                       "a CUDA tensor (device {}) was given, but this tpcheck was built without "

@@ -45,9 +45,17 @@ void Backend::run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord&) {
                       name(), math_class_name(p.math_class));
 }
 
+std::shared_ptr<QuantizedData> Backend::quantize(const Tensor& x, const QuantizeOptions& options,
+                                                std::string_view what) {
+  TPCHECK_CHECK_INPUT(!x.defined() || x.device() == device(),
+                      "{} {}: this {} backend quantizes tensors on the {}", what, x.describe(),
+                      name(), device_name(device()));
+  return ::tpcheck::quantize(x, options, what);
+}
+
 void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
                              bool trans_b, Tensor& c, bool accumulate,
-                             const GemmEpilogue& epilogue) {
+                             const GemmEpilogue& given_epilogue, bool fast_accumulation) {
   const Device dev = device();
   // A [m, k] reduces over its last dimension (rowwise blocks); Aᵀ over its first.
   const QuantizedData& qa = quantized_operand(site, "A", a, dev, trans_a);
@@ -68,11 +76,20 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
                       "quantized GEMM '{}': C is {}; expected [{}, {}] in f32, f16 or bf16 on the "
                       "{}",
                       site, c.defined() ? c.describe() : "undefined", m, n, device_name(dev));
+  GemmEpilogue epilogue = given_epilogue;
+  Tensor bias_bf16;
   if (epilogue.bias != nullptr) {
     TPCHECK_CHECK_INPUT(
         epilogue.bias->defined() && epilogue.bias->device() == dev && epilogue.bias->numel() == n,
         "quantized GEMM '{}': epilogue bias is {}; expected {} values on the {}", site,
         epilogue.bias->describe(), n, device_name(dev));
+    // The reference rounds a GEMM-fused bias to bf16 when the activations are f32 and the
+    // GEMM is quantized (cuBLASLt's FP8 GEMMs take a bf16 bias with an f32 output, not an
+    // f32 one). It does so under every recipe, so both backends do: one contract.
+    if (c.dtype() == DType::kF32 && epilogue.bias->dtype() == DType::kF32) {
+      bias_bf16 = epilogue.bias->to(DType::kBF16);
+      epilogue.bias = &bias_bf16;
+    }
   }
   if (epilogue.activation != GemmEpilogue::Activation::kNone) {
     TPCHECK_CHECK_INPUT(epilogue.aux != nullptr && epilogue.aux->defined() &&
@@ -95,6 +112,7 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
   p.c = &c;
   p.epilogue = epilogue;
   p.math_class = quant_math_class(parse_recipe(qa.recipe));
+  p.fast_accumulation = fast_accumulation;
   if (qa.block.empty()) {
     // cuBLASLt multiplies the accumulator by scale_a · scale_b (the scale_inv pointers).
     const Tensor& sa = trans_a ? qa.columnwise_scale_inv : qa.rowwise_scale_inv;

@@ -216,7 +216,7 @@ Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwi
   DelayedScaling* scaling = scaling_of(role);
   if (scaling != nullptr) q.scale = scaling->scale();
   Tensor out = t;  // a handle on the same values, carrying the quantized copy
-  out.set_quantized(quantize(t, q, what));
+  out.set_quantized(ctx_.backend->quantize(t, q, what));
   // Delayed scaling: this step's amax of the tensor as this rank quantized it (a tensor
   // quantized twice in a step, for two products, records the same value twice).
   if (scaling != nullptr) scaling->record(static_cast<float>(out.quantized()->amax.at(0)));
@@ -244,7 +244,14 @@ void Linear::linear_gemm(std::string_view pass, const Tensor& a, bool trans_a, Q
   // trans_b (backend.h): make exactly that one.
   const Tensor qa = quantized_for_gemm(a, a_role, trans_a, site + " operand A");
   const Tensor qb = quantized_for_gemm(b, b_role, !trans_b, site + " operand B");
-  ctx_.backend->gemm_quantized(site, qa, trans_a, qb, trans_b, c, accumulate, epilogue);
+  // The reference's per-tensor FP8 recipes run the forward GEMM with Hopper's fast
+  // accumulation and dgrad / wgrad with the split accumulator; block scaling uses the split
+  // accumulator throughout (its MMParams), and MXFP8 / NVFP4 have no such switch.
+  const bool per_tensor_fp8 =
+      ctx_.recipe == Recipe::kFp8Delayed || ctx_.recipe == Recipe::kFp8Current;
+  const bool fast_accumulation = per_tensor_fp8 && pass == "fwd";
+  ctx_.backend->gemm_quantized(site, qa, trans_a, qb, trans_b, c, accumulate, epilogue,
+                               fast_accumulation);
 }
 
 std::int64_t Linear::local_in() const {

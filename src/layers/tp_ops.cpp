@@ -39,7 +39,7 @@ Tensor gather_tokens_fp8(const ModuleContext& ctx, const Tensor& local, DelayedS
   q.usage = QuantUsage{true, false};  // the bytes that travel; the transpose is made after
   q.scale = scaling.scale();
   const std::shared_ptr<QuantizedData> mine =
-      quantize(local.reshape({local.numel() / cols, cols}), q, what);
+      ctx.backend->quantize(local.reshape({local.numel() / cols, cols}), q, what);
   const float own_amax = mine->amax.at(0);
   scaling.record(own_amax);
   // The bytes travel in the tensor's own shape, as the high-precision gather's would.
@@ -48,7 +48,10 @@ Tensor gather_tokens_fp8(const ModuleContext& ctx, const Tensor& local, DelayedS
   full_shape[0] *= ctx.tp_size();
   std::shared_ptr<QuantizedData> gathered =
       fp8_gathered(bytes.reshape({bytes.numel() / cols, cols}), scaling.scale(), own_amax);
-  Tensor values = dequantize(*gathered).to(local.dtype()).reshape(full_shape);
+  // The values the layer keeps next to the FP8 copy (its high-precision view), made on
+  // the host from the gathered bytes and placed with the local tensor.
+  Tensor values =
+      dequantize(*gathered).to(local.dtype()).reshape(full_shape).to_device(local.device());
   values.set_quantized(std::move(gathered));
   return values;
 }
@@ -59,7 +62,9 @@ void update_delayed_scaling(const ModuleContext& ctx, DelayedScalingSet& set) {
   std::vector<float> amax(set.size(), 0.0f);
   for (std::size_t i = 0; i < set.size(); ++i) amax[i] = set[i].pending().value_or(0.0f);
   if (ctx.tp_size() > 1 && !ctx.mutated(Mutation::kAmaxNotReduced)) {
-    Tensor buffer = Tensor::from_f32(amax, {static_cast<std::int64_t>(amax.size())}, DType::kF32);
+    // On the backend's device: the communicator reduces tensors where the ranks compute.
+    Tensor buffer = Tensor::from_f32(amax, {static_cast<std::int64_t>(amax.size())}, DType::kF32)
+                        .to_device(ctx.backend->device());
     ctx.comm->all_reduce(buffer, ReduceOp::kMax);
     amax = buffer.to_f32();
   }

@@ -73,6 +73,12 @@ std::shared_ptr<QuantizedData> fp8_gathered(const Tensor& rowwise, float scale, 
   q->columnwise_scale_inv = quant_detail::scalar_tensor(scale_reciprocal(scale));
   q->amax = quant_detail::scalar_tensor(amax);
   q->global_amax = quant_detail::scalar_tensor(amax);
+  // Data and scale_inv where the gathered bytes are (quant.h's placement rule).
+  const Device device = rowwise.device();
+  q->rowwise_data = q->rowwise_data.to_device(device);
+  q->columnwise_data = q->columnwise_data.to_device(device);
+  q->rowwise_scale_inv = q->rowwise_scale_inv.to_device(device);
+  q->columnwise_scale_inv = q->columnwise_scale_inv.to_device(device);
   return q;
 }
 

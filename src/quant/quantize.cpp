@@ -185,10 +185,13 @@ std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& 
 }
 
 QuantizedValues quantized_values(const QuantizedData& q, bool columnwise) {
-  const Tensor& data = columnwise ? q.columnwise_data : q.rowwise_data;
-  const Tensor& scale_inv = columnwise ? q.columnwise_scale_inv : q.rowwise_scale_inv;
-  TPCHECK_CHECK_INPUT(data.defined(), "quantized {} tensor [{}, {}] has no {} copy", q.recipe,
+  const Tensor& copy = columnwise ? q.columnwise_data : q.rowwise_data;
+  TPCHECK_CHECK_INPUT(copy.defined(), "quantized {} tensor [{}, {}] has no {} copy", q.recipe,
                       q.rows, q.cols, columnwise ? "columnwise" : "rowwise");
+  // A GPU-quantized copy is read on the host (an explicit copy; the CUDA backend's GEMMs
+  // decode on the device instead).
+  const Tensor data = copy.to_host();
+  const Tensor scale_inv = (columnwise ? q.columnwise_scale_inv : q.rowwise_scale_inv).to_host();
   const std::int64_t rows = data.dim(0), cols = data.dim(1);
   QuantizedValues out;
   out.values = Tensor({rows, cols}, DType::kF32);

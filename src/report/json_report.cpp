@@ -80,6 +80,10 @@ json gemm_json(const GemmRecord& r) {
                      {"workspace_limit", a.workspace_limit},
                      {"alignments", {a.alignment_a, a.alignment_b, a.alignment_c, a.alignment_d}},
                      {"waves_count", a.waves_count}, {"impl_mask", a.impl_mask}};
+    if (!a.scale_mode.empty()) {
+      j["cublaslt"]["scale_mode"] = a.scale_mode;
+      j["cublaslt"]["fast_accumulation"] = a.fast_accumulation;
+    }
   }
   return j;
 }

@@ -300,10 +300,6 @@ void check_case(const SuiteCase& c, const RunConfig& config) {
   // GPU work) and no parameter is generated (production sizes would take seconds each).
   std::unique_ptr<Backend> backend = make_cpu_backend();
   if (config.recipe != Recipe::kNone) {
-    TPCHECK_CHECK_INPUT(config.execution.backend == "cpu",
-                        "--recipe {}: quantized GEMMs run on --backend cpu only so far (the "
-                        "{} backend has no quantized GEMM engine yet); use --backend cpu",
-                        recipe_name(config.recipe), config.execution.backend);
     // Every quantized activation and gradient is a [tokens, features] matrix of the whole
     // token count (gathered tensors are quantized after the gather, or under delayed
     // scaling transposed after their FP8 gather); the weights' shards are checked by

@@ -61,6 +61,41 @@ TEST(GemmQuantized, FpropDgradWgradAreRecordedWithTheRecipesClass) {
   EXPECT_NE(r[0].implementation.find("f32 accumulation"), std::string::npos);
 }
 
+// Under every recipe, a fused bias with an f32 output is rounded to bf16 first (the
+// reference's rule: cuBLASLt's FP8 GEMM takes a bf16 bias there); an f16 output keeps it.
+TEST(GemmQuantized, AFusedF32BiasIsRoundedToBf16WithAnF32Output) {
+  for (Recipe recipe : {Recipe::kFp8Delayed, Recipe::kFp8Current, Recipe::kFp8Block,
+                        Recipe::kMxfp8, Recipe::kNvfp4}) {
+    auto backend = make_cpu_backend();
+    const Tensor x = quantized({128, 128}, recipe, QuantRole::kInput, 0.0);
+    const Tensor w = quantized({128, 128}, recipe, QuantRole::kWeight, 0.0);
+    // 1 + 2⁻¹⁰ is not a bf16 (8 significant bits): it rounds to 1.
+    const Tensor bias = Tensor::full({128}, DType::kF32, 1.0 + std::ldexp(1.0, -10));
+    GemmEpilogue e;
+    e.bias = &bias;
+    Tensor y({128, 128}, DType::kF32);
+    backend->gemm_quantized("fc/fwd", x, false, w, true, y, false, e);
+    EXPECT_EQ(y.at(5), 1.0) << recipe_name(recipe);
+    Tensor y16({128, 128}, DType::kF16);
+    backend->gemm_quantized("fc/fwd", x, false, w, true, y16, false, e);
+    EXPECT_EQ(y16.at(5), 1.0 + std::ldexp(1.0, -10)) << recipe_name(recipe) << ": f16 keeps it";
+  }
+}
+
+TEST(GemmQuantized, FastAccumulationIsRecordedAndDoesNotChangeTheCpuResult) {
+  auto backend = make_cpu_backend();
+  const Tensor x = quantized({32, 64}, Recipe::kFp8Current, QuantRole::kInput, 3.5);
+  const Tensor w = quantized({48, 64}, Recipe::kFp8Current, QuantRole::kWeight, 0.875);
+  Tensor split({32, 48}, DType::kF32), fast({32, 48}, DType::kF32);
+  backend->gemm_quantized("fc/fwd", x, false, w, true, split, false, {}, false);
+  backend->gemm_quantized("fc/fwd", x, false, w, true, fast, false, {}, true);
+  EXPECT_TRUE(bitwise_equal(split, fast));
+  EXPECT_EQ(backend->ledger().records()[0].implementation.find("fast accumulation"),
+            std::string::npos);
+  EXPECT_NE(backend->ledger().records()[1].implementation.find("fast accumulation asked for"),
+            std::string::npos);
+}
+
 TEST(GemmQuantized, MissingCopiesMixedRecipesAndPlainOperandsAreInputErrors) {
   auto backend = make_cpu_backend();
   const Tensor x_row = quantized({32, 64}, Recipe::kMxfp8, QuantRole::kInput, 1.0, {true, false});

@@ -5,8 +5,8 @@
 #
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
-# Stages (default: all): info tests suite badinput mutations bench; also, not in the
-# default set: production (the te suite at production shapes, TP 8 emulated), profile
+# Stages (default: all): info tests suite badinput mutations recipes bench; also, not in
+# the default set: recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
 # (stack samples of its TransformerLayer cases), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
 # logs and programs), python (the package, packed by tests/gpu/pack_python.sh) and grid
@@ -23,7 +23,7 @@ if [ -f "$root/.devrun/devrun.tgz" ] && [ ! -x "$root/.devrun/tpcheck" ]; then
 fi
 export LD_LIBRARY_PATH="$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin="$root/.devrun/tpcheck"
-stages="${*:-info tests suite badinput mutations bench}"
+stages="${*:-info tests suite badinput mutations recipes bench}"
 # TPCHECK_GPU_FILTER: a --filter regex for the suite and mutation stages (default: all).
 filter=(); [ -n "${TPCHECK_GPU_FILTER:-}" ] && filter=(--filter "$TPCHECK_GPU_FILTER")
 table="$out/table.md"
@@ -147,12 +147,40 @@ fi
 
 if has mutations; then
   for tp in 2 4 8; do
-    # (Not the mutations of one recipe's code, listed "(needs --recipe ...)": --recipe is
-    # CPU-only so far.)
+    # (Not the mutations of one recipe's code, listed "(needs --recipe ...)": the
+    # recipe_mutations stage runs those, with their recipe.)
     for m in $("$bin" mutations | awk '!/\(needs --recipe /{print $1}'); do
       # The full suite: it reaches every mutation's path (te misses the full-only ones).
       timed "mutation $m tp $tp" "mut_${m}_tp$tp.log" "$bin" run --backend cuda --suite full --tp "$tp" --quiet "${filter[@]}" --mutate "$m"
     done
+  done
+fi
+
+# The quantized recipes on the CUDA backend (issue 11): the te suite under each recipe at
+# TP 2, 4 and 8 emulated (the reference's per-recipe sizes, truth on), delayed scaling over
+# 3 steps, and (recipe_mutations, not in the default set) each recipe's mutation table at
+# TP 2, 4 and 8 (scripts/mutation_table.py, TPCHECK_MUTATION_JOBS runs at once; the TP
+# sizes from TPCHECK_MUTATION_TPS).
+# TPCHECK_RECIPES: the recipes these two stages run (default: all five).
+read -r -a recipes <<<"${TPCHECK_RECIPES:-fp8 fp8_cs fp8_block_scaling mxfp8 nvfp4}"
+if has recipes; then
+  for r in "${recipes[@]}"; do
+    for tp in 2 4 8; do
+      timed "te suite --recipe $r, cuda, tp $tp" "te_${r}_tp$tp.log" \
+        "$bin" run --backend cuda --suite te --tp "$tp" --recipe "$r" --quiet "${filter[@]}" \
+        --json "$out/recipe_${r}_tp$tp.json"
+    done
+  done
+  timed "te suite --recipe fp8 --steps 3, cuda, tp 4" te_fp8_steps3_tp4.log \
+    "$bin" run --backend cuda --suite te --tp 4 --recipe fp8 --steps 3 --quiet "${filter[@]}"
+fi
+if has recipe_mutations; then
+  for r in "${recipes[@]}"; do
+    steps=(); [ "$r" = fp8 ] && steps=(--steps 2)
+    timed "mutation table --recipe $r ${steps[*]}, cuda" "mutations_$r.md" \
+      python3 "$root/scripts/mutation_table.py" "$bin" --recipe "$r" "${steps[@]}" \
+      --jobs "${TPCHECK_MUTATION_JOBS:-8}" ${TPCHECK_MUTATION_TPS:-2 4 8}
+    cp "$out/mutations_$r.md" "$out/mutations_${r}_table.md"
   done
 fi
 
@@ -215,10 +243,10 @@ ls "$out"/te_cuda_tp*.json >/dev/null 2>&1 &&
 (
   cd "$out" || exit
   tar -czf logs.tgz --exclude=logs.tgz --exclude=table.md --exclude=class_tables.md \
-    --exclude=profile_folded.md \
+    --exclude=profile_folded.md --exclude='mutations_*_table.md' \
     --exclude='*.tgz' --exclude=failures.txt --exclude=./calibration . 2>/dev/null
   find . -maxdepth 1 -type f ! -name '*.tgz' ! -name table.md ! -name class_tables.md \
-    ! -name profile_folded.md \
+    ! -name profile_folded.md ! -name 'mutations_*_table.md' \
     ! -name failures.txt -delete
 )
 cat "$out/failures.txt" 2>/dev/null | grep -v PASSED | head -30

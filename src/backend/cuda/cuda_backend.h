@@ -57,6 +57,10 @@ class CudaBackend final : public Backend {
   Tensor activation_forward(Activation act, const Tensor& x) override;
   Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override;
 
+  // quantize.cu (quantize_on_gpu)
+  std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
+                                          std::string_view what) override;
+
   // elementwise.cu
   Tensor add(const Tensor& a, const Tensor& b) override;
   void accumulate(Tensor& into, const Tensor& x) override;
@@ -67,6 +71,7 @@ class CudaBackend final : public Backend {
  protected:
   // gemm.cu
   void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override;
 
   // attention.cu (the primitives; Backend::attention_forward / attention_backward compose
   // them with the GEMM front end, whose engine is gemm.cu)
@@ -92,6 +97,7 @@ class CudaBackend final : public Backend {
   };
   std::map<std::string, CachedAlgo> algo_cache_;
   friend struct CudaGemmEngine;
+  friend struct CudaQuantizedGemmEngine;
 };
 
 }  // namespace tpcheck

@@ -196,6 +196,35 @@ __global__ void gelu_epilogue_f64(double* d, double* aux, long long n, bool back
 
 // Friend of CudaBackend: the engine's steps, with access to the handle and the cache.
 struct CudaGemmEngine {
+  // The algorithm's configuration and numerical flags, as cuBLASLt reports them.
+  static void describe_algorithm(const CudaBackend::CachedAlgo& chosen, CublasLtAlgoRecord& lt) {
+    lt.algo_id = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_ID);
+    lt.tile = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+    lt.tile_name = name_of(kTileNames, lt.tile, "TILE");
+    lt.stages = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
+    lt.stages_name = name_of(kStagesNames, lt.stages, "STAGES");
+    lt.split_k = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    if (lt.split_k == 0) lt.split_k = 1;
+    lt.reduction_scheme = static_cast<int>(
+        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+    lt.reduction_scheme_name = name_of(kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
+    lt.cta_swizzling = static_cast<int>(
+        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+    lt.custom_option = static_cast<int>(
+        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
+    lt.cluster_shape = static_cast<int>(
+        algo_config<std::uint16_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+    lt.cluster_shape_name = name_of(kClusterShapeNames, lt.cluster_shape, "CLUSTER");
+    std::uint64_t flags = 0;
+    std::size_t written = 0;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
+        &chosen.algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &flags, sizeof(flags), &written));
+    lt.numerical_impl_flags = flags;
+    lt.numerical_impl = cuda::decode_impl_flags(flags);
+    lt.workspace_bytes = chosen.workspace;
+    lt.waves_count = chosen.waves;
+  }
+
   static void run(CudaBackend& be, const GemmProblem& p, GemmRecord& record) {
     const GemmProblem::ColumnMajor& g = p.col;
     if (g.m == 0 || g.n == 0) return;  // nothing to write
@@ -393,37 +422,15 @@ struct CudaGemmEngine {
     if (f64_activation) lt.epilogue += p.epilogue.activation == GemmEpilogue::Activation::kGelu
                                            ? " + f64 gelu kernel (aux)"
                                            : " + f64 dgelu kernel";
-    lt.algo_id = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_ID);
-    lt.tile = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
-    lt.tile_name = name_of(kTileNames, lt.tile, "TILE");
-    lt.stages = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
-    lt.stages_name = name_of(kStagesNames, lt.stages, "STAGES");
-    lt.split_k = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-    if (lt.split_k == 0) lt.split_k = 1;
-    lt.reduction_scheme = static_cast<int>(
-        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
-    lt.reduction_scheme_name = name_of(kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
-    lt.cta_swizzling = static_cast<int>(
-        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
-    lt.custom_option = static_cast<int>(
-        algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
-    lt.cluster_shape = static_cast<int>(
-        algo_config<std::uint16_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-    lt.cluster_shape_name = name_of(kClusterShapeNames, lt.cluster_shape, "CLUSTER");
-    std::uint64_t flags = 0;
-    std::size_t written = 0;
-    TPCHECK_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
-        &chosen.algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &flags, sizeof(flags), &written));
-    lt.numerical_impl_flags = flags;
-    lt.numerical_impl = cuda::decode_impl_flags(flags);
-    lt.workspace_bytes = chosen.workspace;
+    describe_algorithm(chosen, lt);
     lt.workspace_limit = workspace_limit;
     lt.alignment_a = align_x;  // cuBLASLt's A is the caller's B (column-major form)
     lt.alignment_b = align_y;
     lt.alignment_c = align_d;
     lt.alignment_d = align_d;
-    lt.waves_count = chosen.waves;
     lt.impl_mask = std::string(gemm_impl_mask_name(mask_kind));
+    lt.scale_mode = "";
+    const std::uint64_t flags = lt.numerical_impl_flags;
     record.math_class = class_from_flags(flags, p.math_class);
     record.implementation = TPCHECK_FORMAT("{}cublasLt algo {} {} {} splitK {}: {}", pin_note, lt.algo_id,
                                            lt.tile_name, lt.stages_name, lt.split_k,
@@ -434,6 +441,214 @@ struct CudaGemmEngine {
 
 void CudaBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
   CudaGemmEngine::run(*this, p, record);
+}
+
+// ---- quantized operands (Backend::gemm_quantized) ------------------------------------
+//
+// Per-tensor FP8 (delayed and current scaling) runs cuBLASLt's FP8 GEMM as the reference
+// calls it on Hopper: the operands in the TN layout (both copies have k contiguous: A'
+// [m, k] and B' [n, k] row-major, which column-major reads as Bᵀ-op-T times A'-op-N), the
+// scale_inv of each through CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER (device f32), fp32
+// compute, CUBLASLT_MATMUL_DESC_FAST_ACCUM for the GEMMs the recipe runs with fast
+// accumulation (the forward one), the bias epilogue with a bf16 bias (f16 with an f16
+// output), beta = 1 when accumulating.
+// The block-scaled recipes (FP8 block scaling, MXFP8, NVFP4) run emulated: each copy
+// decoded on the GPU into f32 (the quantized value times its block scale, exact) and an
+// f32 GEMM in CUBLAS_COMPUTE_32F (no TF32: the decoded values are exact in f32, and so are
+// their products in its accumulation) with the recipe's alpha — the CPU's contract, on
+// the GPU. The record says "emulated"; its class stays the recipe's.
+
+namespace {
+
+// cuBLASLt's FP8 GEMMs take a 16-bit bias: bf16, or f16 with an f16 output.
+DType fp8_bias_dtype(DType output) { return output == DType::kF16 ? DType::kF16 : DType::kBF16; }
+
+cudaDataType_t fp8_cuda_type(DType t) {
+  return t == DType::kF8E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+}
+
+}  // namespace
+
+struct CudaQuantizedGemmEngine {
+  static void run_fp8(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
+    Tensor& d = *q.c;
+    const Tensor& a_data = q.a_columnwise ? q.a->columnwise_data : q.a->rowwise_data;  // [m, k]
+    const Tensor& b_data = q.b_columnwise ? q.b->columnwise_data : q.b->rowwise_data;  // [n, k]
+    const Tensor a_scale =
+        (q.a_columnwise ? q.a->columnwise_scale_inv : q.a->rowwise_scale_inv).to_device(Device::kCuda);
+    const Tensor b_scale =
+        (q.b_columnwise ? q.b->columnwise_scale_inv : q.b->rowwise_scale_inv).to_device(Device::kCuda);
+    TPCHECK_CHECK_INPUT(!(q.a->format == DType::kF8E5M2 && q.b->format == DType::kF8E5M2),
+                        "quantized GEMM '{}': both operands are E5M2; cuBLASLt's FP8 GEMM needs "
+                        "at least one E4M3 operand",
+                        q.site);
+    TPCHECK_CHECK_INPUT(q.epilogue.activation == GemmEpilogue::Activation::kNone,
+                        "quantized GEMM '{}': epilogue {} is not offered on FP8 operands (the "
+                        "layers apply activations in their own kernels under a recipe)",
+                        q.site, gemm_epilogue_name(q.epilogue));
+    Tensor bias;
+    if (q.epilogue.bias != nullptr) {
+      const DType want = fp8_bias_dtype(d.dtype());
+      bias = q.epilogue.bias->dtype() == want ? *q.epilogue.bias : q.epilogue.bias->to(want);
+    }
+    const cublasLtEpilogue_t epilogue =
+        bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+
+    Descriptors desc;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+    // Column-major: cuBLASLt's A is B' (scale b), its B is A' (scale a).
+    const void* x_scale = b_scale.raw();
+    const void* y_scale = a_scale.raw();
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, x_scale);
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, y_scale);
+    const std::int8_t fast = q.fast_accumulation ? 1 : 0;
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+    if (bias.defined()) {
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+      const void* bias_ptr = bias.raw();
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(bias.dtype()));
+    }
+    const cudaDataType_t tx = fp8_cuda_type(q.b->format), ty = fp8_cuda_type(q.a->format);
+    const std::int64_t ld = std::max<std::int64_t>(1, q.k);
+    make_layout(&desc.x, tx, q.k, q.n, ld, 1, 0);
+    make_layout(&desc.y, ty, q.k, q.m, ld, 1, 0);
+    make_layout(&desc.d, cuda_type(d.dtype()), q.n, q.m, std::max<std::int64_t>(1, q.n), 1, 0);
+
+    const std::uint32_t align_x = alignment_of(b_data.raw()), align_y = alignment_of(a_data.raw());
+    const std::uint32_t align_d = alignment_of(d.raw());
+    const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
+    const std::uint64_t workspace_limit = be.options_.workspace_bytes;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+    auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& v) {
+      TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &v, sizeof(v)));
+    };
+    set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_limit);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_x);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_y);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+    set_pref(CUBLASLT_MATMUL_PREF_IMPL_MASK, mask);
+
+    const std::string key = TPCHECK_FORMAT(
+        "fp8|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(tx), static_cast<int>(ty),
+        static_cast<int>(cuda_type(d.dtype())), static_cast<int>(epilogue), q.m, q.n, q.k,
+        align_x, align_y, align_d, mask, static_cast<int>(fast), q.accumulate);
+    auto it = be.algo_cache_.find(key);
+    if (it == be.algo_cache_.end()) {
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+          be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
+      TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
+                          "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, epilogue {}): "
+                          "cuBLASLt has no FP8 algorithm under --gemm-impl {} ({})",
+                          q.site, q.m, q.n, q.k, dtype_name(q.a->format), dtype_name(q.b->format),
+                          dtype_name(d.dtype()), epilogue_name(epilogue),
+                          gemm_impl_mask_name(be.options_.impl_mask),
+                          status == CUBLAS_STATUS_SUCCESS ? "no result"
+                                                          : cuda::cublas_status_name(status));
+      it = be.algo_cache_
+               .emplace(key, CudaBackend::CachedAlgo{result.algo, result.workspaceSize,
+                                                     result.wavesCount})
+               .first;
+    }
+    const CudaBackend::CachedAlgo& chosen = it->second;
+    const float alpha = 1.0f, beta = q.accumulate ? 1.0f : 0.0f;
+    if (q.m > 0 && q.n > 0) {
+      TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, &alpha, b_data.raw(), desc.x,
+                                          a_data.raw(), desc.y, &beta, d.raw(), desc.d, d.raw(),
+                                          desc.d, &chosen.algo, be.workspace_,
+                                          be.options_.workspace_bytes, be.stream_));
+    }
+
+    CublasLtAlgoRecord lt;
+    lt.compute_type = "32F";
+    lt.scale_type = "32F";
+    lt.epilogue = epilogue_name(epilogue);
+    CudaGemmEngine::describe_algorithm(chosen, lt);
+    lt.workspace_limit = workspace_limit;
+    lt.alignment_a = align_x;
+    lt.alignment_b = align_y;
+    lt.alignment_c = align_d;
+    lt.alignment_d = align_d;
+    lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
+    lt.fast_accumulation = q.fast_accumulation;
+    lt.scale_mode = "per-tensor scale_inv pointers";
+    record.math_class = q.math_class;
+    record.implementation = TPCHECK_FORMAT(
+        "cublasLt FP8 algo {} {} {} splitK {}, {} accumulation: {}", lt.algo_id, lt.tile_name,
+        lt.stages_name, lt.split_k, q.fast_accumulation ? "fast" : "split", lt.numerical_impl);
+    record.cublaslt = std::move(lt);
+  }
+
+  static void run_emulated(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
+    TPCHECK_CHECK_INPUT(q.epilogue.activation == GemmEpilogue::Activation::kNone,
+                        "quantized GEMM '{}': epilogue {} is not offered on quantized operands "
+                        "(the layers apply activations in their own kernels under a recipe)",
+                        q.site, gemm_epilogue_name(q.epilogue));
+    const Tensor a = quantized_values_on_gpu(*q.a, q.a_columnwise).values;  // [m, k]
+    const Tensor b = quantized_values_on_gpu(*q.b, q.b_columnwise).values;  // [n, k]
+    // cuBLASLt's f32 GEMM writes f32: a 16-bit output is accumulated in an f32 copy and
+    // rounded once at the end, which is the CPU's contract (f32 result, one rounding to C's
+    // dtype; C's old values widened exactly when accumulating).
+    const bool wide_output = q.c->dtype() == DType::kF32;
+    Tensor c32 = wide_output ? Tensor()
+                 : q.accumulate ? q.c->to(DType::kF32)
+                                : Tensor(q.c->shape(), DType::kF32, Device::kCuda);
+    Tensor& c = wide_output ? *q.c : c32;
+    GemmProblem p;
+    p.site = q.site;
+    p.m = q.m;
+    p.n = q.n;
+    p.k = q.k;
+    p.trans_a = false;
+    p.trans_b = true;
+    p.accumulate = q.accumulate;
+    p.a = &a;
+    p.b = &b;
+    p.c = &c;
+    p.epilogue = q.epilogue;
+    p.math_class = MathClass::kFp32;  // CUBLAS_COMPUTE_32F on the exact decoded values
+    p.alpha = q.alpha;
+    // As the CPU's run_gemm_quantized: column-major Cᵀ = B' A'ᵀ.
+    p.col.m = q.n;
+    p.col.n = q.m;
+    p.col.k = q.k;
+    p.col.x = &b;
+    p.col.trans_x = true;
+    p.col.ldx = std::max<std::int64_t>(1, q.k);
+    p.col.y = &a;
+    p.col.trans_y = false;
+    p.col.ldy = std::max<std::int64_t>(1, q.k);
+    p.col.ldd = std::max<std::int64_t>(1, q.n);
+    CudaGemmEngine::run(be, p, record);
+    if (!wide_output) q.c->copy_from(c32.to(q.c->dtype()));
+    record.math_class = q.math_class;
+    record.implementation = TPCHECK_FORMAT("emulated {}: operands decoded on the GPU, f32 GEMM {}",
+                                           math_class_name(q.math_class), record.implementation);
+    if (record.cublaslt) record.cublaslt->scale_mode = "emulated (decoded operands)";
+  }
+};
+
+void CudaBackend::run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) {
+  // FP8 tensor cores: compute capability 8.9 and later.
+  int major = 0, minor = 0;
+  TPCHECK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options_.device));
+  TPCHECK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options_.device));
+  const bool fp8_tensor_cores = major * 10 + minor >= 89;
+  if (p.math_class == MathClass::kFp8 && fp8_tensor_cores) {
+    CudaQuantizedGemmEngine::run_fp8(*this, p, record);
+  } else {
+    CudaQuantizedGemmEngine::run_emulated(*this, p, record);
+  }
+}
+
+std::shared_ptr<QuantizedData> CudaBackend::quantize(const Tensor& x, const QuantizeOptions& options,
+                                                     std::string_view what) {
+  return quantize_on_gpu(x, options, what);
 }
 
 }  // namespace tpcheck

@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <memory>
@@ -101,10 +102,39 @@ __device__ __forceinline__ float f8e4m3_to_float(std::uint8_t b) {
   return __half2float(__half(h));
 }
 
+__device__ __forceinline__ float f8e5m2_to_float(std::uint8_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(b, __NV_E5M2);
+  return __half2float(__half(h));
+}
+
+// E2M1 bits (sign 0x8, magnitude 0 ... 7) as f32.
+__device__ __forceinline__ float f4e2m1_to_float(std::uint8_t b) {
+  const float magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = magnitude[b & 0x7];
+  return (b & 0x8) ? -m : m;
+}
+
+// E8M0 bits as f32: 2^(b − 127), 0xFF NaN; b = 0 is the subnormal 2^-127 (as the CPU's ldexp).
+__device__ __forceinline__ float f8e8m0_to_float(std::uint8_t b) {
+  if (b == 0xff) return __uint_as_float(0x7fc00000u);
+  if (b == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 23);
+}
+
+__device__ __forceinline__ float decode_element(std::uint8_t b, DType format) {
+  switch (format) {
+    case DType::kF8E4M3: return f8e4m3_to_float(b);
+    case DType::kF8E5M2: return f8e5m2_to_float(b);
+    default: return f4e2m1_to_float(b);
+  }
+}
+
 // ---- kernels -----------------------------------------------------------------------------
 
 // max |x| as f32 bits: non-negative floats order like their bits, and every NaN (sign
-// cleared) is above inf, so a NaN anywhere wins, as on the CPU.
+// cleared) is above inf, so a NaN anywhere wins, as on the CPU. A grid-stride loop, a
+// warp and then a block reduction, one atomic per block (max is exact in any order).
+constexpr int kAmaxThreads = 256;
 __global__ void amax_kernel(const void* x, DType dtype, long long n, unsigned* out) {
   unsigned local = 0;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
@@ -114,20 +144,80 @@ __global__ void amax_kernel(const void* x, DType dtype, long long n, unsigned* o
   for (int offset = 16; offset > 0; offset >>= 1) {
     local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
   }
-  if ((threadIdx.x & 31) == 0) atomicMax(out, local);
+  __shared__ unsigned warp_max[kAmaxThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned m = 0;
+    for (int w = 0; w < kAmaxThreads / 32; ++w) m = max(m, warp_max[w]);
+    atomicMax(out, m);
+  }
 }
 
 // The per-tensor cast: rowwise [rows, cols] and its transpose [cols, rows] (either may
-// be null).
-__global__ void per_tensor_kernel(const void* x, DType dtype, long long rows, long long cols,
-                                  float scale, bool e5m2, std::uint8_t* row_out,
-                                  std::uint8_t* col_out) {
-  const long long n = rows * cols;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const std::uint8_t q = sat_fp8(load_as<float>(x, dtype, i) * scale, e5m2);
-    if (row_out) row_out[i] = q;
-    if (col_out) col_out[(i % cols) * rows + i / cols] = q;
+// be null). Tiles of 32 rows x 128 columns, 32 x 8 threads: each thread loads 4
+// consecutive elements of a row at once, casts them, writes its 4 rowwise bytes as one
+// word and leaves them in shared memory; then each thread writes 16 bytes of one row of
+// the transpose (two threads per 32-byte run). REQUIRES: cols a multiple of 4 (the
+// recipes need 16) and, for the transpose, rows a multiple of 16 (check_quantizable).
+constexpr int kTileRowsPer = 32, kTileCols = 128, kThreadsX = 32, kThreadsY = 8;
+
+__device__ __forceinline__ void load4(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+__device__ __forceinline__ void load4(const __nv_bfloat16* p, float (&v)[4]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+  v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+}
+__device__ __forceinline__ void load4(const __half* p, float (&v)[4]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&q.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&q.y));
+  v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+}
+
+template <typename T>
+__global__ void per_tensor_kernel(const T* x, long long rows, long long cols, float scale,
+                                  bool e5m2, std::uint8_t* row_out, std::uint8_t* col_out) {
+  __shared__ __align__(16) std::uint8_t tile[kTileRowsPer][kTileCols + 16];
+  const long long c0 = static_cast<long long>(blockIdx.x) * kTileCols;
+  const long long row_tiles = (rows + kTileRowsPer - 1) / kTileRowsPer;
+  const int tid = threadIdx.y * kThreadsX + threadIdx.x;
+  for (long long rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const long long r0 = rt * kTileRowsPer;
+    for (int j = threadIdx.y; j < kTileRowsPer; j += kThreadsY) {
+      const long long r = r0 + j, c = c0 + 4 * threadIdx.x;
+      if (r < rows && c < cols) {
+        float v[4];
+        load4(x + r * cols + c, v);
+        const std::uint32_t word = sat_fp8(v[0] * scale, e5m2) |
+                                   (static_cast<std::uint32_t>(sat_fp8(v[1] * scale, e5m2)) << 8) |
+                                   (static_cast<std::uint32_t>(sat_fp8(v[2] * scale, e5m2)) << 16) |
+                                   (static_cast<std::uint32_t>(sat_fp8(v[3] * scale, e5m2)) << 24);
+        if (row_out) *reinterpret_cast<std::uint32_t*>(row_out + r * cols + c) = word;
+        *reinterpret_cast<std::uint32_t*>(&tile[j][4 * threadIdx.x]) = word;
+      }
+    }
+    if (col_out) {
+      __syncthreads();
+      // Thread tid writes transpose row c0 + tid / 2, bytes for rows r0 + 16 · (tid % 2) ...
+      const int half = tid % 2;
+      const long long c = c0 + tid / 2, rb = r0 + 16 * half;
+      if (c < cols && rb < rows) {
+        std::uint8_t b[16];
+        for (int i = 0; i < 16; ++i) b[i] = tile[16 * half + i][tid / 2];
+        std::uint8_t* dst = col_out + c * rows + rb;
+        if (rb + 16 <= rows) {
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
+        } else {
+          for (int i = 0; rb + i < rows; ++i) dst[i] = b[i];
+        }
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -184,19 +274,48 @@ __global__ void block_kernel(const void* x, DType dtype, long long rows, long lo
   }
 }
 
+// values[i] = element i of the copy decoded, times its block's scale_inv (none for a
+// per-tensor copy: scale_inv null). Exact in f32, as quantized_values on the CPU.
+__global__ void decode_kernel(const std::uint8_t* data, long long rows, long long cols,
+                              DType format, const void* scale_inv, DType scale_dtype, int br,
+                              int bc, float* values) {
+  const long long n = rows * cols;
+  const long long scale_cols = scale_inv ? cols / bc : 1;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float v = decode_element(data[i], format);
+    if (scale_inv) {
+      const long long r = i / cols, c = i % cols;
+      const long long s = (r / br) * scale_cols + c / bc;
+      const std::uint8_t* bytes = static_cast<const std::uint8_t*>(scale_inv);
+      switch (scale_dtype) {
+        case DType::kF32: v *= static_cast<const float*>(scale_inv)[s]; break;
+        case DType::kF8E8M0: v *= f8e8m0_to_float(bytes[s]); break;
+        default: v *= f8e4m3_to_float(bytes[s]); break;  // NVFP4's E4M3 block scales
+      }
+    }
+    values[i] = v;
+  }
+}
+
 float gpu_amax(const Tensor& x) {
   Tensor bits({1}, DType::kF32, Device::kCuda);
   TPCHECK_CUDA_CHECK(cudaMemsetAsync(bits.raw(), 0, sizeof(unsigned), current_stream()));
   const long long n = x.numel();
   if (n > 0) {
-    amax_kernel<<<grid_for(n), 256, 0, current_stream()>>>(x.raw(), x.dtype(), n,
-                                                           static_cast<unsigned*>(bits.raw()));
+    // A few blocks per SM is enough for a bandwidth-bound loop (and keeps the atomics few).
+    const unsigned blocks = std::min(grid_for(n, kAmaxThreads), 132u * 8u);
+    amax_kernel<<<blocks, kAmaxThreads, 0, current_stream()>>>(x.raw(), x.dtype(), n,
+                                                              static_cast<unsigned*>(bits.raw()));
     TPCHECK_LAUNCH_CHECK();
   }
   return static_cast<float>(bits.at(0));  // copies to the host and waits
 }
 
 Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
+
+// A per-tensor scale_inv on the GPU: cuBLASLt's FP8 GEMM reads it through a device pointer.
+Tensor device_scalar(float v) { return scalar(v).to_device(Device::kCuda); }
 
 template <BlockRecipe R>
 void launch_blocks(const Tensor& x, std::int64_t rows, std::int64_t cols, bool columnwise, int br,
@@ -245,18 +364,38 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     q->scale = scalar(s);
     if (o.usage.rowwise) {
       q->rowwise_data = Tensor({rows, cols}, q->format, Device::kCuda);
-      q->rowwise_scale_inv = scalar(scale_reciprocal(s));
+      q->rowwise_scale_inv = device_scalar(scale_reciprocal(s));
     }
     if (o.usage.columnwise) {
       q->columnwise_data = Tensor({cols, rows}, q->format, Device::kCuda);
-      q->columnwise_scale_inv = scalar(scale_reciprocal(s));
+      q->columnwise_scale_inv = device_scalar(scale_reciprocal(s));
     }
     const long long n = rows * cols;
     if (n > 0) {
-      per_tensor_kernel<<<grid_for(n), 256, 0, current_stream()>>>(
-          x.raw(), x.dtype(), rows, cols, s, q->format == DType::kF8E5M2,
-          o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr,
-          o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr);
+      // The kernel reads 4 elements at once: a view that does not start on 16 bytes is
+      // read from an aligned copy (the allocator's blocks are 256-byte aligned).
+      const Tensor aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0 ? x : x.clone();
+      const void* xp = aligned.raw();
+      const dim3 threads(kThreadsX, kThreadsY);
+      const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols),
+                      static_cast<unsigned>(std::min<long long>((rows + kTileRowsPer - 1) / kTileRowsPer, 65535)));
+      const bool e5m2 = q->format == DType::kF8E5M2;
+      std::uint8_t* row_out = o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr;
+      std::uint8_t* col_out = o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr;
+      switch (x.dtype()) {
+        case DType::kF32:
+          per_tensor_kernel<<<grid, threads, 0, current_stream()>>>(
+              static_cast<const float*>(xp), rows, cols, s, e5m2, row_out, col_out);
+          break;
+        case DType::kF16:
+          per_tensor_kernel<<<grid, threads, 0, current_stream()>>>(
+              static_cast<const __half*>(xp), rows, cols, s, e5m2, row_out, col_out);
+          break;
+        default:
+          per_tensor_kernel<<<grid, threads, 0, current_stream()>>>(
+              static_cast<const __nv_bfloat16*>(xp), rows, cols, s, e5m2, row_out, col_out);
+          break;
+      }
       TPCHECK_LAUNCH_CHECK();
     }
     return q;
@@ -286,6 +425,38 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     }
   }
   return q;
+}
+
+QuantizedValues quantized_values_on_gpu(const QuantizedData& q, bool columnwise) {
+  using namespace cuda;
+  const Tensor& data = columnwise ? q.columnwise_data : q.rowwise_data;
+  const Tensor& scale_inv = columnwise ? q.columnwise_scale_inv : q.rowwise_scale_inv;
+  TPCHECK_CHECK_INPUT(data.defined(), "quantized {} tensor [{}, {}] has no {} copy", q.recipe,
+                      q.rows, q.cols, columnwise ? "columnwise" : "rowwise");
+  TPCHECK_CHECK_INPUT(data.device() == Device::kCuda && is_quantized_format(data.dtype()),
+                      "quantized_values_on_gpu: the {} copy is {}; expected quantized data on "
+                      "the GPU (Backend::quantize of the CUDA backend)",
+                      columnwise ? "columnwise" : "rowwise", data.describe());
+  const std::int64_t rows = data.dim(0), cols = data.dim(1);
+  QuantizedValues out;
+  out.values = Tensor({rows, cols}, DType::kF32, Device::kCuda);
+  const bool per_tensor = q.block.empty();
+  Tensor block_scales;
+  if (per_tensor) {
+    out.tensor_factor = static_cast<float>(scale_inv.at(0));  // the GEMM's factor
+  } else {
+    block_scales = scale_inv.to_device(Device::kCuda);
+  }
+  const long long n = rows * cols;
+  if (n > 0) {
+    decode_kernel<<<grid_for(n), 256, 0, current_stream()>>>(
+        static_cast<const std::uint8_t*>(data.raw()), rows, cols, q.format,
+        per_tensor ? nullptr : block_scales.raw(), per_tensor ? DType::kF32 : block_scales.dtype(),
+        per_tensor ? 1 : static_cast<int>(q.block[0]), per_tensor ? 1 : static_cast<int>(q.block[1]),
+        static_cast<float*>(out.values.raw()));
+    TPCHECK_LAUNCH_CHECK();
+  }
+  return out;
 }
 
 }  // namespace tpcheck
