@@ -429,7 +429,6 @@ struct CudaGemmEngine {
     lt.alignment_c = align_d;
     lt.alignment_d = align_d;
     lt.impl_mask = std::string(gemm_impl_mask_name(mask_kind));
-    lt.scale_mode = "";
     const std::uint64_t flags = lt.numerical_impl_flags;
     record.math_class = class_from_flags(flags, p.math_class);
     record.implementation = TPCHECK_FORMAT("{}cublasLt algo {} {} {} splitK {}: {}", pin_note, lt.algo_id,
