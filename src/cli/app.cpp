@@ -82,7 +82,52 @@ RunOutcome run_suite(const RunArgs& args, bool cpu_gemm_given, std::ostream& con
 
 namespace {
 
+// "out.json" with recipe "fp8" → "out.fp8.json" (the name before the extension).
+std::string per_recipe_path(const std::string& path, std::string_view recipe) {
+  if (path.empty()) return path;
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
+    return fmt::format("{}.{}", path, recipe);
+  }
+  return fmt::format("{}.{}{}", path.substr(0, dot), recipe, path.substr(dot));
+}
+
+// --recipe all: the suite once per recipe — none, then the five quantized ones — each a
+// run of its own (the recipe's sizes, case changes and reference tolerance, its header
+// and summary); --json / --html files get the recipe's name before their extension.
+// Every recipe's options and cases are checked before the first run starts.
+int run_all_recipes(const RunArgs& a) {
+  std::vector<RunArgs> runs;
+  for (Recipe r : {Recipe::kNone, Recipe::kFp8Delayed, Recipe::kFp8Current, Recipe::kFp8Block,
+                   Recipe::kMxfp8, Recipe::kNvfp4}) {
+    RunArgs one = a;
+    one.recipe = std::string(recipe_name(r));
+    one.json_path = per_recipe_path(a.json_path, one.recipe);
+    one.html_path = per_recipe_path(a.html_path, one.recipe);
+    const PreparedRun prepared = prepare_run(one);
+    for (const SuiteCase& c : select_cases(prepared.suite, one.filter)) {
+      check_case(c, prepared.config);
+    }
+    runs.push_back(std::move(one));
+  }
+  std::vector<std::string> lines;
+  int failed = 0;
+  bool reports = true;  // false on ranks 1..N-1 of an mpirun / torchrun launch
+  for (const RunArgs& one : runs) {
+    const RunOutcome outcome = run_suite(one, /*cpu_gemm_given=*/false, std::cout);
+    failed += outcome.summary.failed;
+    reports = outcome.reports;
+    lines.push_back(fmt::format("{}: {} passed, {} failed", one.recipe, outcome.summary.passed,
+                                outcome.summary.failed));
+    if (reports) std::cout << "\n";
+  }
+  if (reports) fmt::print("recipes: {}\n", fmt::join(lines, "; "));
+  return failed == 0 ? kExitPass : kExitFail;
+}
+
 int run_command(const RunArgs& a) {
+  if (a.recipe == "all") return run_all_recipes(a);
   const RunOutcome outcome = run_suite(a, /*cpu_gemm_given=*/false, std::cout);
   return outcome.summary.failed == 0 ? kExitPass : kExitFail;
 }

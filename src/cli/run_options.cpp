@@ -45,7 +45,8 @@ void add_case_options(CLI::App* cmd, RunArgs& a) {
                                       "CPU GEMM class for f32: fp32, tf32 or auto (by K)");
   cmd->add_option("--recipe", a.recipe,
                   "quantized recipe of the Linear GEMMs: none (default), fp8, fp8_cs, "
-                  "fp8_block_scaling, mxfp8 or nvfp4 (cpu backend)");
+                  "fp8_block_scaling, mxfp8, nvfp4, or all (the suite once per recipe, none "
+                  "included; --json/--html files get the recipe's name before the extension)");
   cmd->add_option("--steps", a.steps,
                   "training steps per run (default 1): the same input each step, SGD with "
                   "learning rate 1 between steps, FP8 delayed scaling's amaxes reduced and "

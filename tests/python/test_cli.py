@@ -400,3 +400,27 @@ def test_steps_console_names_the_failing_step(cli, tmp_path):
     assert case["verdicts"]["truth"]["reason"].startswith("step 2: ")
     assert case["steps"][0]["verdicts"]["truth"]["status"] != "fail"
     assert case["steps"][1]["verdicts"]["truth"]["status"] == "fail"
+
+
+def test_recipe_all_runs_the_suite_once_per_recipe(cli, tmp_path):
+    report = tmp_path / "out.json"
+    r = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--recipe", "all", "--quiet",
+                "--filter", r"^Linear\.column\.sp0\.default$", "--json", str(report))
+    assert r.returncode == 0, r.stdout + r.stderr
+    recipes = ["none", "fp8", "fp8_cs", "fp8_block_scaling", "mxfp8", "nvfp4"]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last == "recipes: " + "; ".join(f"{n}: 1 passed, 0 failed" for n in recipes), last
+    for n in recipes:
+        with open(tmp_path / f"out.{n}.json") as f:
+            data = json.load(f)
+        assert len(data["cases"]) == 1, n
+
+
+def test_recipe_all_checks_every_recipe_before_running_any(cli):
+    # A mutation of delayed scaling's code is refused for the other recipes: the error
+    # comes before the first suite's header.
+    r = tpcheck(cli, "run", "--suite", "te", "--tp", "2", "--recipe", "all", "--steps", "2",
+                "--mutate", "amax-not-reduced", "--filter", r"^Linear\.column\.sp0\.default$")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "tpcheck: suite" not in r.stdout, r.stdout
+    assert "amax-not-reduced" in r.stderr, r.stderr
