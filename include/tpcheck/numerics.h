@@ -162,7 +162,9 @@ struct Verdict {
   bool passed() const { return status != VerdictStatus::kFail; }
 };
 
-// Applies the global rules, then the policy:
+// Applies the global rules (non-finite values fail; sharded all zeros where single is not
+// fails — under truth only when the truth bound also fails, else a warning; both all zeros
+// warns), then the policy:
 //   te:       judged at argmax only; fails iff rel_at_max > rtol AND max_abs_diff > atol;
 //   allclose: fails iff any element has |sharded − single| > atol + rtol·|single|;
 //   truth:    see TruthPolicyParams (fails with a reason when no truth was compared);

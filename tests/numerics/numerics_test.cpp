@@ -267,6 +267,34 @@ TEST(GlobalRules, ZeroTensors) {
   }
 }
 
+// Under truth an all-zero sharded tensor fails only when single came closer to truth
+// than rounding explains; where single lost the tensor too (its error as large as the
+// values, as an underflowed f16 gradient), it is a warning. The other policies keep the
+// reference's rule and fail.
+TEST(GlobalRules, ZeroShardedTensorUnderTruthAsksTheErrorModel) {
+  std::vector<double> b = values(6, 13);
+  Tensor truth = Tensor::from_f64(b, {6}, DType::kF64);
+  std::vector<double> lost(6);
+  for (std::size_t i = 0; i < lost.size(); ++i) lost[i] = 0.05 * b[i];  // 95 % gone
+  Tensor single = Tensor::from_f64(lost, {6}, DType::kF32);
+  Tensor zero = Tensor::zeros({6}, DType::kF32);
+  TensorComparison c = compare_tensors(zero, single, &truth);
+  const Policy truth_policy = kAll[2];
+  ASSERT_EQ(truth_policy.kind, PolicyKind::kTruth);
+  Verdict v = evaluate(truth_policy, c);
+  EXPECT_EQ(v.status, VerdictStatus::kWarning) << v.reason;
+  EXPECT_NE(v.reason.find("all zeros"), std::string::npos) << v.reason;
+  EXPECT_NE(v.reason.find("lost it to rounding"), std::string::npos) << v.reason;
+  for (const Policy& p : kAll) {
+    if (p.kind != PolicyKind::kTruth) EXPECT_EQ(evaluate(p, c).status, VerdictStatus::kFail);
+  }
+  // The same zero tensor against an accurate single fails under truth too.
+  Tensor accurate = Tensor::from_f64(b, {6}, DType::kF32);
+  Verdict f = evaluate(truth_policy, compare_tensors(zero, accurate, &truth));
+  EXPECT_EQ(f.status, VerdictStatus::kFail) << f.reason;
+  EXPECT_NE(f.reason.find("EXCEEDED"), std::string::npos) << f.reason;
+}
+
 TEST(AllclosePolicy, CountsElementsOverTheBound) {
   const std::int64_t n = 10;
   const double rtol = 1e-6, atol = 1e-9;
