@@ -96,18 +96,37 @@ Linear::Options linear_options(const std::string& mode, bool sp) {
                                      {"params_dtype", "f32"}});
 }
 
-TEST(DelayedScalingInALinear, ScalesFollowTheFormulaStepByStep) {
+// One unsharded rank under FP8 delayed scaling: its communicator, backend, scaling set
+// and the context a Linear reads them from (which points into this object: not movable).
+struct SingleRankFp8 {
   std::unique_ptr<Communicator> comm = make_single_communicator();
   std::unique_ptr<Backend> backend = make_cpu_backend();
   DelayedScalingSet set;
   ModuleContext ctx{backend.get(), comm.get(), kSeed, Mutation::kNone};
-  ctx.recipe = Recipe::kFp8Delayed;
-  ctx.delayed_scaling = &set;
+  SingleRankFp8() {
+    ctx.recipe = Recipe::kFp8Delayed;
+    ctx.delayed_scaling = &set;
+  }
+  SingleRankFp8(const SingleRankFp8&) = delete;
+  SingleRankFp8& operator=(const SingleRankFp8&) = delete;
+};
+
+// The global input and output gradient of the two-step tests.
+Tensor global_x() {
+  return generate(FillSpec::normal(0.0, 1.0), kSeed, "x", {kTokens, kIn}, DType::kF32);
+}
+Tensor global_dy() {
+  return generate(FillSpec::normal(0.0, 1e-3), kSeed, "dy", {kTokens, kOut}, DType::kF32);
+}
+
+TEST(DelayedScalingInALinear, ScalesFollowTheFormulaStepByStep) {
+  SingleRankFp8 rank;
+  ModuleContext& ctx = rank.ctx;
+  DelayedScalingSet& set = rank.set;
   Linear layer("", linear_options("none", false), ctx);
   ASSERT_EQ(set.size(), 3u);  // input, weight, output gradient
-  const Tensor x = generate(FillSpec::normal(0.0, 1.0), kSeed, "x", {kTokens, kIn}, DType::kF32);
-  const Tensor dy =
-      generate(FillSpec::normal(0.0, 1e-3), kSeed, "dy", {kTokens, kOut}, DType::kF32);
+  const Tensor x = global_x();
+  const Tensor dy = global_dy();
   const float fmax[3] = {448.0f, 448.0f, 57344.0f};  // E4M3, E4M3, E5M2 (HYBRID)
   std::vector<float> history[3];
   float expected[3] = {1.0f, 1.0f, 1.0f};
@@ -129,7 +148,7 @@ TEST(DelayedScalingInALinear, ScalesFollowTheFormulaStepByStep) {
     history[0].push_back(max_abs(x));
     history[1].push_back(max_abs(w_now));
     history[2].push_back(max_abs(dy));
-    sgd_update(*backend, w, kLr);
+    sgd_update(*rank.backend, w, kLr);
     zero_gradients(w);
     update_delayed_scaling(ctx, set);
     for (int r = 0; r < 3; ++r) expected[r] = formula_scale(history[r], fmax[r], expected[r]);
@@ -172,21 +191,17 @@ std::vector<std::vector<float>> sharded_scales(Mutation mutation) {
 
 TEST(DelayedScalingInALinear, AmaxReductionGivesEveryRankSinglesScales) {
   // Single's scales after the same two steps (the same global x, dy and weight).
-  std::unique_ptr<Communicator> comm = make_single_communicator();
-  std::unique_ptr<Backend> backend = make_cpu_backend();
-  DelayedScalingSet set;
-  ModuleContext ctx{backend.get(), comm.get(), kSeed, Mutation::kNone};
-  ctx.recipe = Recipe::kFp8Delayed;
-  ctx.delayed_scaling = &set;
+  SingleRankFp8 rank;
+  ModuleContext& ctx = rank.ctx;
+  DelayedScalingSet& set = rank.set;
   Linear single("", linear_options("none", false), ctx);
-  const Tensor x = generate(FillSpec::normal(0.0, 1.0), kSeed, "x", {kTokens, kIn}, DType::kF32);
-  const Tensor dy =
-      generate(FillSpec::normal(0.0, 1e-3), kSeed, "dy", {kTokens, kOut}, DType::kF32);
+  const Tensor x = global_x();
+  const Tensor dy = global_dy();
   for (int step = 1; step <= 2; ++step) {
     Linear::Saved saved;
     single.forward(x, saved);
     single.backward(OutputGrads{dy, Tensor(), Tensor()}, saved);
-    sgd_update(*backend, single.weight(), kLr);
+    sgd_update(*rank.backend, single.weight(), kLr);
     zero_gradients(single.weight());
     update_delayed_scaling(ctx, set);
   }
