@@ -207,7 +207,7 @@ __global__ void per_tensor_kernel(const T* x, long long rows, long long cols, fl
       const int half = tid % 2;
       const long long c = c0 + tid / 2, rb = r0 + 16 * half;
       if (c < cols && rb < rows) {
-        std::uint8_t b[16];
+        alignas(16) std::uint8_t b[16];  // read back as one uint4
         for (int i = 0; i < 16; ++i) b[i] = tile[16 * half + i][tid / 2];
         std::uint8_t* dst = col_out + c * rows + rb;
         if (rb + 16 <= rows) {
