@@ -194,7 +194,7 @@ TEST(CudaQuantizedGemm, RecordsTheFp8GemmAndItsAccumulation) {
   auto gpu = make_cuda_backend();
   for (const Product& p : kProducts) {
     const Measured r =
-        compare_product(*cpu, *gpu, Recipe::kFp8Current, p, 128, 128, 128, 7, false);
+        compare_product(*cpu, *gpu, Recipe::kFp8Current, p, 128, 128, 128, 17, false);
     ASSERT_TRUE(r.record.cublaslt.has_value()) << p.name;
     EXPECT_EQ(r.record.math_class, MathClass::kFp8) << p.name;
     EXPECT_EQ(r.record.cublaslt->scale_mode, "per-tensor scale_inv pointers") << p.name;
@@ -206,7 +206,7 @@ TEST(CudaQuantizedGemm, RecordsTheFp8GemmAndItsAccumulation) {
                                                                    : DType::kF8E4M3);
   }
   const Measured block =
-      compare_product(*cpu, *gpu, Recipe::kMxfp8, kProducts[0], 128, 128, 128, 7, false);
+      compare_product(*cpu, *gpu, Recipe::kMxfp8, kProducts[0], 128, 128, 128, 17, false);
   EXPECT_EQ(block.record.math_class, MathClass::kMxfp8);
   EXPECT_NE(block.record.implementation.find("emulated mxfp8"), std::string::npos)
       << block.record.implementation;
