@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cli/explain.h"
 #include "cli/log_tools.h"
 #include "cli/run_options.h"
+#include "tpcheck/cuda_comm.h"
 #include "tpcheck/device.h"
 #include "tpcheck/error.h"
 #include "tpcheck/html_report.h"
@@ -98,6 +100,14 @@ std::string per_recipe_path(const std::string& path, std::string_view recipe) {
 // and summary); --json / --html files get the recipe's name before their extension.
 // Every recipe's options and cases are checked before the first run starts.
 int run_all_recipes(const RunArgs& a) {
+  // One process per rank (mpirun / torchrun) sets up its NCCL group once, from an id the
+  // launch shares once; six runs would need six. Not tried on a multi-GPU launch: refused.
+  if (const std::optional<NcclProcessLaunch> launch = nccl_process_launch_from_env()) {
+    TPCHECK_CHECK_INPUT(false,
+                        "--recipe all runs the suite once per recipe in one process; under "
+                        "{} (one process per rank) launch once per recipe with --recipe NAME",
+                        launch->launcher);
+  }
   std::vector<RunArgs> runs;
   for (Recipe r : {Recipe::kNone, Recipe::kFp8Delayed, Recipe::kFp8Current, Recipe::kFp8Block,
                    Recipe::kMxfp8, Recipe::kNvfp4}) {

@@ -424,3 +424,12 @@ def test_recipe_all_checks_every_recipe_before_running_any(cli):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "tpcheck: suite" not in r.stdout, r.stdout
     assert "amax-not-reduced" in r.stderr, r.stderr
+
+
+def test_recipe_all_is_refused_under_a_process_launch(cli):
+    # torchrun's variables: this process would be one rank of a one-process-per-rank launch.
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+    r = subprocess.run([cli, "run", "--suite", "te", "--tp", "2", "--recipe", "all"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--recipe all" in r.stderr and "torchrun" in r.stderr, r.stderr
