@@ -29,6 +29,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_math.h"
+#include "backend/decoded_gemm.h"
 #include "tpcheck/error.h"
 #include "tpcheck/quant.h"
 
@@ -197,32 +198,7 @@ void CpuBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
 void CpuBackend::run_gemm_quantized(const QuantizedGemmProblem& q, GemmRecord& record) {
   const Tensor a = quantized_values(*q.a, q.a_columnwise).values;  // [m, k]
   const Tensor b = quantized_values(*q.b, q.b_columnwise).values;  // [n, k]
-  GemmProblem p;
-  p.site = q.site;
-  p.m = q.m;
-  p.n = q.n;
-  p.k = q.k;
-  p.trans_a = false;
-  p.trans_b = true;
-  p.accumulate = q.accumulate;
-  p.a = &a;
-  p.b = &b;
-  p.c = q.c;
-  p.epilogue = q.epilogue;
-  p.math_class = q.math_class;
-  p.alpha = q.alpha;
-  // Row-major C = A' B'ᵀ is column-major Cᵀ = B' A'ᵀ: X = B' read transposed ([k, n]
-  // column-major storage of the row-major [n, k]), Y = A' as stored.
-  p.col.m = q.n;
-  p.col.n = q.m;
-  p.col.k = q.k;
-  p.col.x = &b;
-  p.col.trans_x = true;
-  p.col.ldx = std::max<std::int64_t>(1, q.k);
-  p.col.y = &a;
-  p.col.trans_y = false;
-  p.col.ldy = std::max<std::int64_t>(1, q.k);
-  p.col.ldd = std::max<std::int64_t>(1, q.n);
+  const GemmProblem p = decoded_gemm_problem(q, a, b, *q.c, q.math_class);
   run_gemm(p, record);
   // Hopper's FP8 fast accumulation is not modelled bit for bit (docs/QUANTIZATION.md).
   if (q.fast_accumulation) record.implementation += "; fast accumulation asked for, exact f32 here";

@@ -38,6 +38,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/decoded_gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/impl_flags.h"
@@ -156,6 +157,22 @@ void make_layout(cublasLtMatrixLayout_t* out, cudaDataType_t type, std::int64_t 
     TPCHECK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
         *out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   }
+}
+
+// The heuristic's preference: workspace limit, minimum alignments (C = D) and impl mask.
+void make_preference(cublasLtMatmulPreference_t* pref, std::uint64_t workspace_limit,
+                     std::uint32_t align_a, std::uint32_t align_b, std::uint32_t align_d,
+                     std::uint64_t impl_mask) {
+  TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(pref));
+  auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& v) {
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(*pref, attr, &v, sizeof(v)));
+  };
+  set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_limit);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+  set(CUBLASLT_MATMUL_PREF_IMPL_MASK, impl_mask);
 }
 
 template <typename T>
@@ -325,16 +342,7 @@ struct CudaGemmEngine {
     }
     const std::uint64_t mask = impl_mask_bits(mask_kind);
     const std::uint64_t workspace_limit = be.options_.workspace_bytes;
-    TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
-    auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& v) {
-      TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &v, sizeof(v)));
-    };
-    set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_limit);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_x);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_y);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-    set_pref(CUBLASLT_MATMUL_PREF_IMPL_MASK, mask);
+    make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
 
     const std::string key = TPCHECK_FORMAT(
         "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(compute),
@@ -520,16 +528,7 @@ struct CudaQuantizedGemmEngine {
     const std::uint32_t align_d = alignment_of(d.raw());
     const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
     const std::uint64_t workspace_limit = be.options_.workspace_bytes;
-    TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
-    auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& v) {
-      TPCHECK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &v, sizeof(v)));
-    };
-    set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_limit);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_x);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_y);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-    set_pref(CUBLASLT_MATMUL_PREF_IMPL_MASK, mask);
+    make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
 
     const std::string key = TPCHECK_FORMAT(
         "fp8|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(tx), static_cast<int>(ty),
@@ -598,31 +597,8 @@ struct CudaQuantizedGemmEngine {
                  : q.accumulate ? q.c->to(DType::kF32)
                                 : Tensor(q.c->shape(), DType::kF32, Device::kCuda);
     Tensor& c = wide_output ? *q.c : c32;
-    GemmProblem p;
-    p.site = q.site;
-    p.m = q.m;
-    p.n = q.n;
-    p.k = q.k;
-    p.trans_a = false;
-    p.trans_b = true;
-    p.accumulate = q.accumulate;
-    p.a = &a;
-    p.b = &b;
-    p.c = &c;
-    p.epilogue = q.epilogue;
-    p.math_class = MathClass::kFp32;  // CUBLAS_COMPUTE_32F on the exact decoded values
-    p.alpha = q.alpha;
-    // As the CPU's run_gemm_quantized: column-major Cᵀ = B' A'ᵀ.
-    p.col.m = q.n;
-    p.col.n = q.m;
-    p.col.k = q.k;
-    p.col.x = &b;
-    p.col.trans_x = true;
-    p.col.ldx = std::max<std::int64_t>(1, q.k);
-    p.col.y = &a;
-    p.col.trans_y = false;
-    p.col.ldy = std::max<std::int64_t>(1, q.k);
-    p.col.ldd = std::max<std::int64_t>(1, q.n);
+    // CUBLAS_COMPUTE_32F on the exact decoded values (the record keeps the recipe's class).
+    const GemmProblem p = decoded_gemm_problem(q, a, b, c, MathClass::kFp32);
     CudaGemmEngine::run(be, p, record);
     if (!wide_output) q.c->copy_from(c32.to(q.c->dtype()));
     record.math_class = q.math_class;
