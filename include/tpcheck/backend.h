@@ -225,8 +225,9 @@ class Backend {
                       const GemmEpilogue& epilogue = {}, bool fast_accumulation = false);
 
   // quantize() (quant.h) on this backend's device: the quantized copies (data and
-  // scale_inv) on device(), amax / global_amax / scale on the host. Same checks and
-  // errors as quantize(). The default quantizes on the host (the CPU backend).
+  // scale_inv) on device(); amax / global_amax / scale on the host or on device()
+  // (QuantizedData's placement rule). Same checks and errors as quantize(). The default
+  // quantizes on the host (the CPU backend).
   virtual std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
                                                   std::string_view what);
 

@@ -156,8 +156,9 @@ struct QuantizedData {
                                    // reduction across the group; NVFP4's GEMM alpha)
   Tensor scale;                    // [1] f32: the FP8 per-tensor scale; NVFP4's S_enc
   // Placement: the data and scale_inv tensors are on the device that quantized
-  // (Backend::quantize), so a GEMM there reads them directly; amax, global_amax and scale
-  // are host tensors (the layers' scaling bookkeeping reads them).
+  // (Backend::quantize), so a GEMM there reads them directly. amax, global_amax and scale
+  // are on the host or on that device (the CUDA backend keeps a per-tensor FP8 scale on
+  // the GPU, so quantizing needs no host round trip): read them with at() / to_host().
 };
 
 // True when a and b have the same shape, dtype and bit patterns.

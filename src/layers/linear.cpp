@@ -7,11 +7,16 @@
 // Row: in_l = in/N, y reduced (tp_ops), dy gathered over tokens under SP.
 //
 // Under a quantized recipe (ModuleContext::recipe) the three products run on quantized
-// operands (Backend::gemm_quantized), each operand quantized from its high-precision
-// values just before the product that reads it, with the copy that product needs:
+// operands (Backend::gemm_quantized), each read in the copy that product needs:
 //   fwd    x rowwise (role input),        W rowwise (role weight)
 //   dgrad  dy rowwise (role grad_output), W columnwise
 //   wgrad  dy columnwise,                 x columnwise
+// Each tensor is quantized once per step into both its copies, from its high-precision
+// values (quantized_for_both): x and W in forward (kept for backward), dy before dgrad —
+// as the reference's quantizers do. Both copies share the tensor's scale (per-tensor
+// recipes) or are each quantized from high precision (block recipes), so this is the same
+// arithmetic as quantizing each copy just before its product, done once. A weight forward
+// did not keep (a checkpointed fc2, recomputed by save_input) is quantized by dgrad.
 // The gathered tensors (x under column SP, dy under row SP) are quantized after the
 // gather, so their per-tensor scale comes from the amax of the whole tensor — what the
 // reference gets by reducing the amax (max) across the TP group before its quantized
@@ -203,24 +208,41 @@ DelayedScaling* Linear::scaling_of(QuantRole role) const {
   return scaling_[static_cast<int>(role)];
 }
 
-Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
-                                  std::string_view what) const {
-  // Called by linear_gemm under a recipe only.
-  // Gathered in FP8 (gather_for_gemm): the bytes every rank sent, both copies, not a
-  // requantization.
-  if (t.quantized() != nullptr) return t;
+Tensor Linear::quantized_copies(const Tensor& t, QuantRole role, QuantUsage usage,
+                                std::string_view what) const {
   QuantizeOptions q;
   q.recipe = ctx_.recipe;
   q.role = role;
-  q.usage = QuantUsage{!columnwise, columnwise};
+  q.usage = usage;
   DelayedScaling* scaling = scaling_of(role);
   if (scaling != nullptr) q.scale = scaling->scale();
-  Tensor out = t;  // a handle on the same values, carrying the quantized copy
+  Tensor out = t;  // a handle on the same values, carrying the quantized copies
   out.set_quantized(ctx_.backend->quantize(t, q, what));
   // Delayed scaling: this step's amax of the tensor as this rank quantized it (a tensor
-  // quantized twice in a step, for two products, records the same value twice).
+  // quantized twice in a step records the same value twice; the history keeps the larger).
   if (scaling != nullptr) scaling->record(static_cast<float>(out.quantized()->amax.at(0)));
   return out;
+}
+
+Tensor Linear::quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
+                                  std::string_view what) const {
+  // Called by linear_gemm under a recipe only.
+  // Already carrying the copy (quantized_for_both, or gathered in FP8 by gather_for_gemm:
+  // the bytes every rank sent, both copies): not a requantization.
+  if (const QuantizedData* q = t.quantized().get();
+      q != nullptr && (columnwise ? q->columnwise_data : q->rowwise_data).defined()) {
+    return t;
+  }
+  return quantized_copies(t, role, QuantUsage{!columnwise, columnwise}, what);
+}
+
+Tensor Linear::quantized_for_both(const Tensor& t, QuantRole role, std::string_view what) const {
+  if (ctx_.recipe == Recipe::kNone) return t;
+  if (const QuantizedData* q = t.quantized().get();
+      q != nullptr && q->rowwise_data.defined() && q->columnwise_data.defined()) {
+    return t;
+  }
+  return quantized_copies(t, role, QuantUsage{true, true}, what);
 }
 
 Tensor Linear::gather_for_gemm(const Tensor& local, QuantRole role) const {
@@ -287,7 +309,10 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
                       dtype_name(o.params.params_dtype));
   const bool row = o.parallel_mode == ParallelMode::kRow;
   const Tensor full = column_sp() ? gather_for_gemm(x, QuantRole::kInput) : x;
-  const Tensor x2 = full.reshape({full.numel() / local_in(), local_in()});
+  const Tensor x2 = quantized_for_both(full.reshape({full.numel() / local_in(), local_in()}),
+                                       QuantRole::kInput, o.site + " input");
+  const Tensor weight = quantized_for_both(local_weight(), QuantRole::kWeight, o.site + " weight");
+  saved.weight = ctx_.recipe == Recipe::kNone ? Tensor() : weight;
 
   saved.input_shape = x.shape();
   saved.input =
@@ -304,8 +329,8 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
     bias_added = true;
   }
   Tensor y2({x2.dim(0), local_out()}, x.dtype(), x.device());
-  linear_gemm("fwd", x2, false, QuantRole::kInput, local_weight(), true, QuantRole::kWeight, y2,
-              false, epilogue);
+  linear_gemm("fwd", x2, false, QuantRole::kInput, weight, true, QuantRole::kWeight, y2, false,
+              epilogue);
   Shape out_shape = full.shape();
   out_shape.back() = local_out();
   Tensor y = y2.reshape(out_shape);
@@ -334,12 +359,16 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
                 dy.describe(), local_out());
   const bool row_sp = row && o.sequence_parallel;
   const Tensor dy_full = row_sp ? gather_for_gemm(dy, QuantRole::kGradOutput) : dy;
-  const Tensor dy2 = dy_full.reshape({dy_full.numel() / local_out(), local_out()});
+  const Tensor dy2 =
+      quantized_for_both(dy_full.reshape({dy_full.numel() / local_out(), local_out()}),
+                         QuantRole::kGradOutput, o.site + " output gradient");
   const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
 
   Tensor dx2({dy2.dim(0), local_in()}, dy.dtype(), dy.device());
-  linear_gemm("dgrad", dy2, false, QuantRole::kGradOutput, local_weight(), false,
-              QuantRole::kWeight, dx2, false);
+  linear_gemm("dgrad", dy2, false, QuantRole::kGradOutput,
+              saved.weight.defined() ? saved.weight : local_weight(), false, QuantRole::kWeight,
+              dx2, false);
+  saved.weight = Tensor();
   Tensor dx = dx2;
   if (o.parallel_mode == ParallelMode::kColumn) {
     Shape full_shape = saved.input_shape;

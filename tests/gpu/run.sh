@@ -184,9 +184,11 @@ if has recipe_mutations; then
   done
 fi
 
+# TPCHECK_BENCHES: the benchmarks the bench stage runs, by name (default: all).
 if has bench; then
   for b in "$root"/.devrun/bench/*; do
     [ -x "$b" ] || continue
+    [ -n "${TPCHECK_BENCHES:-}" ] && [[ " $TPCHECK_BENCHES " != *" $(basename "$b") "* ]] && continue
     timed "bench $(basename "$b")" "bench_$(basename "$b").log" "$b"
   done
 fi

@@ -81,6 +81,8 @@ class Linear {
     Tensor grad_output;        // delay_wgrad_compute: [T, out_local] dy as the wgrad GEMM uses it
     Tensor grad_output_local;  // delay_wgrad_compute, row SP: the local dy slice (bias grad)
     Tensor grad_bias_output;   // delay_wgrad_compute with return_bias: the `bias` output grad
+    Tensor weight;             // under a recipe: the weight as forward quantized it (both
+                               // copies), for dgrad; undefined otherwise (dgrad quantizes)
   };
 
   // Creates the parameters `<prefix>weight`, `<prefix>bias`. Throws Error(kInput) when
@@ -130,6 +132,15 @@ class Linear {
   // FP8 all-gather made); without a recipe, `t` unchanged. `what` names t in errors.
   Tensor quantized_for_gemm(const Tensor& t, QuantRole role, bool columnwise,
                             std::string_view what) const;
+  // Under a recipe: `t` carrying both copies (rowwise and columnwise), quantized once for
+  // the two products that read it in a step (x: fwd and wgrad; W: fwd and dgrad; dy: dgrad
+  // and wgrad), as the reference's quantizers make both when both are needed. Without a
+  // recipe, `t` unchanged.
+  Tensor quantized_for_both(const Tensor& t, QuantRole role, std::string_view what) const;
+  // `t` carrying the copies `usage` asks for, quantized under ctx_.recipe with the scaling
+  // state of `role` (delayed scaling records the amax).
+  Tensor quantized_copies(const Tensor& t, QuantRole role, QuantUsage usage,
+                          std::string_view what) const;
   // SP: the token slice `local` gathered along dim 0 — in high precision, or under FP8
   // delayed scaling with a context that keeps its state, as the reference's FP8 all-gather
   // (tp_ops gather_tokens_fp8) of a tensor of role `role`.

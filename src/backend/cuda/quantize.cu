@@ -1,12 +1,16 @@
 // quantize.cu — the recipes' quantization on the GPU (quantize_on_gpu, cuda_backend.h),
 // bit for bit the CPU's (src/quant, docs/QUANTIZATION.md): an amax kernel, the per-tensor
 // FP8 cast (delayed and current scaling) writing the rowwise copy and its transpose, and a
-// block kernel for FP8 block scaling, MXFP8 and NVFP4 (one thread per block, each copy
-// from high precision). The per-tensor scales (FP8 current scale, NVFP4's S_enc) are
-// computed on the host from the amax by the CPU's own functions; the per-block formulas
-// are device twins of the CPU's, operation for operation (the products below have no
-// additions, so nvcc's FMA contraction cannot change them; division is IEEE).
-// Correctness first: the block kernel is simple, not yet tuned for bandwidth.
+// tiled block kernel for FP8 block scaling, MXFP8 and NVFP4 (each copy from high
+// precision, both in one pass over the tensor). The per-tensor FP8 scale is computed on the device from the amax
+// (fp8_scale_kernel, the device twin of fp8_current_scale), so a quantization makes no
+// host round trip: the amax, the scale and scale_inv stay on the GPU, where the cast and
+// cuBLASLt's FP8 GEMM read them. NVFP4's S_enc is computed on the host from the amax by
+// the CPU's own function. The per-block formulas are device twins of the CPU's, operation
+// for operation (the products below have no additions, so nvcc's FMA contraction cannot
+// change them; division is IEEE).
+// Speed: every kernel reads 16 bytes per load and writes whole 16-byte words where the
+// layout allows (bench/gpu_layer_bench measures them against the copy bandwidth).
 // Thread safety: kernels run on the calling thread's stream (current_stream()).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
@@ -131,15 +136,56 @@ __device__ __forceinline__ float decode_element(std::uint8_t b, DType format) {
 
 // ---- kernels -----------------------------------------------------------------------------
 
+// 16-byte loads: kVec<T> elements of T widened exactly to f32.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+template <typename H2>
+__device__ __forceinline__ float2 widen2(std::uint32_t bits);
+template <>
+__device__ __forceinline__ float2 widen2<__nv_bfloat162>(std::uint32_t bits) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+}
+template <>
+__device__ __forceinline__ float2 widen2<__half2>(std::uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[8]) {
+  using H2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = widen2<H2>(w[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
 // max |x| as f32 bits: non-negative floats order like their bits, and every NaN (sign
-// cleared) is above inf, so a NaN anywhere wins, as on the CPU. A grid-stride loop, a
-// warp and then a block reduction, one atomic per block (max is exact in any order).
+// cleared) is above inf, so a NaN anywhere wins, as on the CPU. A grid-stride loop of
+// 16-byte loads (the tail, fewer than kVec elements, by the first threads), a warp and
+// then a block reduction, one atomic per block (max is exact in any order).
+// REQUIRES: x 16-byte aligned.
 constexpr int kAmaxThreads = 256;
-__global__ void amax_kernel(const void* x, DType dtype, long long n, unsigned* out) {
+template <typename T>
+__global__ void amax_kernel(const T* x, long long n, unsigned* out) {
+  constexpr int V = kVec<T>;
   unsigned local = 0;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    local = max(local, __float_as_uint(fabsf(load_as<float>(x, dtype, i))));
+  const long long vectors = n / V;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long first = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  for (long long i = first; i < vectors; i += stride) {
+    float v[V];
+    load_vec(x + i * V, v);
+    for (int j = 0; j < V; ++j) local = max(local, __float_as_uint(fabsf(v[j])));
+  }
+  if (first < n - vectors * V) {
+    local = max(local, __float_as_uint(fabsf(to_float(x[vectors * V + first]))));
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
     local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
@@ -154,121 +200,276 @@ __global__ void amax_kernel(const void* x, DType dtype, long long n, unsigned* o
   }
 }
 
-// The per-tensor cast: rowwise [rows, cols] and its transpose [cols, rows] (either may
-// be null). Tiles of 32 rows x 128 columns, 32 x 8 threads: each thread loads 4
-// consecutive elements of a row at once, casts them, writes its 4 rowwise bytes as one
-// word and leaves them in shared memory; then each thread writes 16 bytes of one row of
-// the transpose (two threads per 32-byte run). REQUIRES: cols a multiple of 4 (the
-// recipes need 16) and, for the transpose, rows a multiple of 16 (check_quantizable).
-constexpr int kTileRowsPer = 32, kTileCols = 128, kThreadsX = 32, kThreadsY = 8;
+// The per-tensor FP8 scale, on the device (one thread): the device twin of the CPU's
+// fp8_current_scale and scale_reciprocal (src/quant/fp8_current.cpp), operation for
+// operation. `amax_bits` is amax_kernel's result; `given_amax` (a group-reduced amax) is
+// used instead when has_given_amax; delayed scaling passes its scale (has_fixed_scale).
+// Writes the tensor's own amax, the amax the scale came from, the scale and scale_inv.
+__global__ void fp8_scale_kernel(const unsigned* amax_bits, bool has_given_amax, float given_amax,
+                                 bool has_fixed_scale, float fixed_scale, float fmax,
+                                 float* own_amax, float* global_amax, float* scale,
+                                 float* scale_inv) {
+  const float own = __uint_as_float(*amax_bits);
+  const float amax = has_given_amax ? given_amax : own;
+  float s = fixed_scale;
+  if (!has_fixed_scale) {
+    s = 1.0f;
+    if (!(amax == 0.0f || isinf(amax) || isnan(amax))) {
+      s = __fdiv_rn(fmax, amax);
+      if (isinf(s)) s = FLT_MAX;
+    }
+  }
+  *own_amax = own;
+  *global_amax = amax;
+  *scale = s;
+  *scale_inv = __fdiv_rn(1.0f, s);
+}
 
-__device__ __forceinline__ void load4(const float* p, float (&v)[4]) {
-  const float4 q = *reinterpret_cast<const float4*>(p);
-  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-}
-__device__ __forceinline__ void load4(const __nv_bfloat16* p, float (&v)[4]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
-  v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
-}
-__device__ __forceinline__ void load4(const __half* p, float (&v)[4]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&q.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&q.y));
-  v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
-}
+// The per-tensor cast: rowwise [rows, cols] and its transpose [cols, rows] (either may
+// be null), each element x · scale cast to FP8 (RNE, saturating), `scale` read from the
+// device. One 256-thread block per tile of 128 rows x 128 columns:
+//   load   each thread reads 16 bytes of a row at once (kVec elements), casts them and
+//          writes its bytes of the rowwise copy (a row's 128 bytes by consecutive
+//          threads), keeping them in shared memory;
+//   store  the transpose: warp w, lane l takes transposed row c = 32 · (w % 4) + l and
+//          16 consecutive bytes of it (16 tile rows, segment s), so the 32 lanes read one
+//          row of shared memory at 32 consecutive bytes (8 banks, no conflict) and each
+//          writes 16 bytes; the 8 segments of a 128-byte transposed row come from
+//          different warps and meet in L2.
+// REQUIRES: x 16-byte aligned, cols a multiple of 16 and, for the transpose, rows a
+// multiple of 16 (check_quantizable).
+constexpr int kCastTile = 128, kCastThreads = 256, kCastPad = 8;  // rows stay 8-byte aligned
 
 template <typename T>
-__global__ void per_tensor_kernel(const T* x, long long rows, long long cols, float scale,
-                                  bool e5m2, std::uint8_t* row_out, std::uint8_t* col_out) {
-  __shared__ __align__(16) std::uint8_t tile[kTileRowsPer][kTileCols + 16];
-  const long long c0 = static_cast<long long>(blockIdx.x) * kTileCols;
-  const long long row_tiles = (rows + kTileRowsPer - 1) / kTileRowsPer;
-  const int tid = threadIdx.y * kThreadsX + threadIdx.x;
-  for (long long rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-    const long long r0 = rt * kTileRowsPer;
-    for (int j = threadIdx.y; j < kTileRowsPer; j += kThreadsY) {
-      const long long r = r0 + j, c = c0 + 4 * threadIdx.x;
-      if (r < rows && c < cols) {
-        float v[4];
-        load4(x + r * cols + c, v);
-        const std::uint32_t word = sat_fp8(v[0] * scale, e5m2) |
-                                   (static_cast<std::uint32_t>(sat_fp8(v[1] * scale, e5m2)) << 8) |
-                                   (static_cast<std::uint32_t>(sat_fp8(v[2] * scale, e5m2)) << 16) |
-                                   (static_cast<std::uint32_t>(sat_fp8(v[3] * scale, e5m2)) << 24);
-        if (row_out) *reinterpret_cast<std::uint32_t*>(row_out + r * cols + c) = word;
-        *reinterpret_cast<std::uint32_t*>(&tile[j][4 * threadIdx.x]) = word;
-      }
-    }
-    if (col_out) {
-      __syncthreads();
-      // Thread tid writes transpose row c0 + tid / 2, bytes for rows r0 + 16 · (tid % 2) ...
-      const int half = tid % 2;
-      const long long c = c0 + tid / 2, rb = r0 + 16 * half;
-      if (c < cols && rb < rows) {
-        alignas(16) std::uint8_t b[16];  // read back as one uint4
-        for (int i = 0; i < 16; ++i) b[i] = tile[16 * half + i][tid / 2];
-        std::uint8_t* dst = col_out + c * rows + rb;
-        if (rb + 16 <= rows) {
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
-        } else {
-          for (int i = 0; rb + i < rows; ++i) dst[i] = b[i];
+__global__ void __launch_bounds__(kCastThreads)
+    per_tensor_kernel(const T* x, long long rows, long long cols, const float* scale_ptr,
+                      bool e5m2, std::uint8_t* row_out, std::uint8_t* col_out) {
+  constexpr int V = kVec<T>;
+  constexpr int kThreadsPerRow = kCastTile / V;
+  constexpr int kRowsPerPass = kCastThreads / kThreadsPerRow;
+  __shared__ __align__(16) std::uint8_t tile[kCastTile][kCastTile + kCastPad];
+  const float scale = *scale_ptr;
+  // Row tiles on x (up to 2³¹ − 1), column tiles on y (cols ≤ 65535 · 128).
+  const long long r0 = static_cast<long long>(blockIdx.x) * kCastTile;
+  const long long c0 = static_cast<long long>(blockIdx.y) * kCastTile;
+  const int tid = threadIdx.x;
+  const int col_in_tile = (tid % kThreadsPerRow) * V;
+  const long long c = c0 + col_in_tile;
+#pragma unroll
+  for (int pass = 0; pass < kCastTile / kRowsPerPass; ++pass) {
+    const int row_in_tile = pass * kRowsPerPass + tid / kThreadsPerRow;
+    const long long r = r0 + row_in_tile;
+    if (r < rows && c < cols) {
+      float v[V];
+      load_vec(x + r * cols + c, v);
+      std::uint32_t words[V / 4];
+      for (int w = 0; w < V / 4; ++w) {
+        words[w] = 0;
+        for (int b = 0; b < 4; ++b) {
+          words[w] |= static_cast<std::uint32_t>(sat_fp8(v[4 * w + b] * scale, e5m2)) << (8 * b);
         }
       }
-      __syncthreads();
+      if constexpr (V == 8) {
+        const uint2 out = make_uint2(words[0], words[1]);
+        if (row_out) *reinterpret_cast<uint2*>(row_out + r * cols + c) = out;
+        *reinterpret_cast<uint2*>(&tile[row_in_tile][col_in_tile]) = out;
+      } else {
+        if (row_out) *reinterpret_cast<std::uint32_t*>(row_out + r * cols + c) = words[0];
+        *reinterpret_cast<std::uint32_t*>(&tile[row_in_tile][col_in_tile]) = words[0];
+      }
+    }
+  }
+  if (col_out == nullptr) return;
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32;
+  const int tc = 32 * (warp % 4) + lane;  // transposed row (tile column)
+  const long long ct = c0 + tc;
+#pragma unroll
+  for (int pass = 0; pass < 4; ++pass) {
+    const int segment = warp / 4 + 2 * pass;  // 16 tile rows each: 0 ... 7
+    const long long rb = r0 + 16 * segment;
+    if (ct < cols && rb < rows) {
+      alignas(16) std::uint8_t b[16];
+      for (int i = 0; i < 16; ++i) b[i] = tile[16 * segment + i][tc];
+      std::uint8_t* dst = col_out + ct * rows + rb;
+      if (rb + 16 <= rows) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
+      } else {
+        for (int i = 0; rb + i < rows; ++i) dst[i] = b[i];
+      }
     }
   }
 }
 
-// One thread per block of one copy. The copy is the tensor (columnwise = false: [rows,
-// cols]) or its transpose ([cols, rows]); in the copy's layout a block is br x bc at block
-// row bi, block column bj, index bi · (copy cols / bc) + bj, as on the CPU.
+// A block's multiplier (the factor its elements are multiplied by before the cast) from
+// its amax, its scale_inv written at scale_inv[index]: the device twins of the CPU's
+// fp8_block_scale, MXFP8's E8M0 scale and NVFP4's E4M3 block scale.
 template <BlockRecipe R>
-__global__ void block_kernel(const void* x, DType dtype, long long rows, long long cols,
-                             bool columnwise, int br, int bc, float s_enc, std::uint8_t* data,
-                             void* scale_inv) {
-  const long long crows = columnwise ? cols : rows;  // the copy's shape
-  const long long ccols = columnwise ? rows : cols;
-  const long long blocks_per_row = ccols / bc;
-  const long long nblocks = (crows / br) * blocks_per_row;
-  for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < nblocks;
-       t += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long bi = t / blocks_per_row, bj = t % blocks_per_row;
-    // Element (r, c) of the copy is x[r, c] (rowwise) or x[c, r] (columnwise).
-    auto at = [&](long long r, long long c) {
-      return load_as<float>(x, dtype, columnwise ? c * cols + r : r * cols + c);
-    };
-    float amax = 0.0f;
-    bool nan = false;
-    for (long long r = bi * br; r < (bi + 1) * br; ++r) {
-      for (long long c = bj * bc; c < (bj + 1) * bc; ++c) {
-        const float v = at(r, c);
-        nan = nan || isnan(v);
-        amax = fmaxf(amax, fabsf(v));
+__device__ __forceinline__ float block_factor(float amax, float s_enc, void* scale_inv,
+                                              long long index) {
+  if constexpr (R == BlockRecipe::kFp8Block) {
+    const float factor = fp8_block_scale_dev(amax);
+    static_cast<float*>(scale_inv)[index] = __fdiv_rn(1.0f, factor);
+    return factor;
+  } else if constexpr (R == BlockRecipe::kMxfp8) {
+    const std::uint8_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
+    static_cast<std::uint8_t*>(scale_inv)[index] = e;
+    return e8m0_reciprocal_dev(e);
+  } else {
+    const float s_enc_over_6 = s_enc * (1.0f / 6.0f);
+    const float decode = amax * s_enc_over_6;
+    const std::uint8_t sb = sat_fp8(fminf(decode, FLT_MAX), false);
+    static_cast<std::uint8_t*>(scale_inv)[index] = sb;
+    const float s_dec = __fdiv_rn(1.0f, s_enc);
+    return fminf(__fdiv_rn(1.0f, f8e4m3_to_float(sb) * s_dec), FLT_MAX);
+  }
+}
+
+template <BlockRecipe R>
+__device__ __forceinline__ std::uint8_t block_cast(float v) {
+  return R == BlockRecipe::kNvfp4 ? sat_e2m1(v) : sat_fp8(v, false);
+}
+
+// The block amax as on the CPU: the largest |v|, NaN when any element is NaN.
+struct BlockAmax {
+  float amax = 0.0f;
+  bool nan = false;
+  __device__ __forceinline__ void add(float v) {
+    nan = nan || isnan(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  __device__ __forceinline__ float value() const {
+    return nan ? __uint_as_float(0x7fc00000u) : amax;
+  }
+};
+
+// N bytes from a thread-local array to global memory: 16-byte stores when N is a multiple
+// of 16 (dst then 16-byte aligned), else byte by byte.
+template <int N>
+__device__ __forceinline__ void store_bytes(std::uint8_t* dst, const std::uint8_t (&b)[N]) {
+  if constexpr (N % 16 == 0) {
+    for (int i = 0; i < N; i += 16) {
+      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(b + i);
+    }
+  } else {
+    for (int i = 0; i < N; ++i) dst[i] = b[i];
+  }
+}
+
+// The block recipes' quantization, one 256-thread block per tile of 128 x 128 elements of
+// the tensor, held in shared memory as f32 (exact widening). Each copy is quantized from
+// the tile, as on the CPU from high precision:
+//   1-D blocks (1 x B rowwise; B x 1 of the tensor for the columnwise copy, which is
+//   stored transposed): one thread per block. Rowwise, the 32 lanes of a warp take 32
+//   consecutive tile rows at the same column (the row pitch of 129 floats puts them in 32
+//   banks); columnwise, 32 consecutive columns. Each thread computes its block's amax and
+//   factor, writes the scale_inv, casts its B elements and stores them as 16-byte words.
+//   2-D blocks (128 x 128, FP8 block scaling's weights): the tile is the block; its amax
+//   by a block reduction, then each thread casts a half row (rowwise copy) and a half
+//   column (columnwise copy) with the one factor.
+// Tiles are aligned to 128 and every block lies in one tile (B divides 128). REQUIRES:
+// cols a multiple of BC and, for the columnwise copy or 2-D blocks, rows a multiple of the
+// rows of a block (check_quantizable); x 16-byte aligned.
+constexpr int kBlockTile = 128, kBlockThreads = 256, kBlockPitch = kBlockTile + 1;
+constexpr std::size_t kBlockSharedBytes = sizeof(float) * kBlockTile * kBlockPitch;
+
+template <typename T, BlockRecipe R, int BC, bool kTwoD>
+__global__ void __launch_bounds__(kBlockThreads)
+    block_tile_kernel(const T* x, long long rows, long long cols, float s_enc,
+                      std::uint8_t* row_data, void* row_scale_inv, std::uint8_t* col_data,
+                      void* col_scale_inv) {
+  extern __shared__ float tile_storage[];
+  auto tile = [&](int r, int c) -> float& { return tile_storage[r * kBlockPitch + c]; };
+  constexpr int V = kVec<T>;
+  constexpr int kThreadsPerRow = kBlockTile / V;
+  constexpr int kRowsPerPass = kBlockThreads / kThreadsPerRow;
+  const long long r0 = static_cast<long long>(blockIdx.x) * kBlockTile;
+  const long long c0 = static_cast<long long>(blockIdx.y) * kBlockTile;
+  const int tid = threadIdx.x;
+  const int tile_rows = static_cast<int>(rows - r0 < kBlockTile ? rows - r0 : kBlockTile);
+  const int tile_cols = static_cast<int>(cols - c0 < kBlockTile ? cols - c0 : kBlockTile);
+  {  // load (16-byte reads; cols is a multiple of 16, so a vector never straddles the end)
+    const int cc = (tid % kThreadsPerRow) * V;
+    for (int rr = tid / kThreadsPerRow; rr < tile_rows; rr += kRowsPerPass) {
+      if (cc < tile_cols) {
+        float v[V];
+        load_vec(x + (r0 + rr) * cols + c0 + cc, v);
+        for (int j = 0; j < V; ++j) tile(rr, cc + j) = v[j];
       }
     }
-    if (nan) amax = __uint_as_float(0x7fc00000u);
-    float factor;
-    if constexpr (R == BlockRecipe::kFp8Block) {
-      factor = fp8_block_scale_dev(amax);
-      static_cast<float*>(scale_inv)[t] = __fdiv_rn(1.0f, factor);
-    } else if constexpr (R == BlockRecipe::kMxfp8) {
-      const std::uint8_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
-      static_cast<std::uint8_t*>(scale_inv)[t] = e;
-      factor = e8m0_reciprocal_dev(e);
-    } else {
-      const float s_enc_over_6 = s_enc * (1.0f / 6.0f);
-      const float decode = amax * s_enc_over_6;
-      const std::uint8_t sb = sat_fp8(fminf(decode, FLT_MAX), false);
-      static_cast<std::uint8_t*>(scale_inv)[t] = sb;
-      const float s_dec = __fdiv_rn(1.0f, s_enc);
-      factor = fminf(__fdiv_rn(1.0f, f8e4m3_to_float(sb) * s_dec), FLT_MAX);
+  }
+  __syncthreads();
+
+  if constexpr (kTwoD) {  // FP8 block scaling's 128 x 128 weight blocks (tile = block)
+    BlockAmax partial;
+    for (int i = tid; i < kBlockTile * kBlockTile; i += kBlockThreads) {
+      partial.add(tile(i / kBlockTile, i % kBlockTile));
     }
-    for (long long r = bi * br; r < (bi + 1) * br; ++r) {
-      for (long long c = bj * bc; c < (bj + 1) * bc; ++c) {
-        const float v = at(r, c) * factor;
-        data[r * ccols + c] = R == BlockRecipe::kNvfp4 ? sat_e2m1(v) : sat_fp8(v, false);
+    __shared__ float warp_amax[kBlockThreads / 32];
+    __shared__ bool warp_nan[kBlockThreads / 32];
+    float m = partial.amax;
+    bool nan = partial.nan;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+      nan = __any_sync(0xffffffffu, nan);
+    }
+    if (tid % 32 == 0) {
+      warp_amax[tid / 32] = m;
+      warp_nan[tid / 32] = nan;
+    }
+    __syncthreads();
+    __shared__ float factor_shared;
+    if (tid == 0) {
+      BlockAmax block;
+      for (int w = 0; w < kBlockThreads / 32; ++w) {
+        block.amax = fmaxf(block.amax, warp_amax[w]);
+        block.nan = block.nan || warp_nan[w];
+      }
+      const float amax = block.value();
+      const long long bi = r0 / kBlockTile, bj = c0 / kBlockTile;
+      float factor = 0.0f;
+      if (row_data) factor = block_factor<R>(amax, s_enc, row_scale_inv, bi * (cols / kBlockTile) + bj);
+      if (col_data) factor = block_factor<R>(amax, s_enc, col_scale_inv, bj * (rows / kBlockTile) + bi);
+      factor_shared = factor;
+    }
+    __syncthreads();
+    const float factor = factor_shared;
+    const int line = tid % kBlockTile, half = tid / kBlockTile;  // 2 threads per line
+    std::uint8_t b[kBlockTile / 2];
+    if (row_data) {
+      for (int i = 0; i < kBlockTile / 2; ++i) b[i] = block_cast<R>(tile(line, 64 * half + i) * factor);
+      store_bytes(row_data + (r0 + line) * cols + c0 + 64 * half, b);
+    }
+    if (col_data) {
+      for (int i = 0; i < kBlockTile / 2; ++i) b[i] = block_cast<R>(tile(64 * half + i, line) * factor);
+      store_bytes(col_data + (c0 + line) * rows + r0 + 64 * half, b);
+    }
+  } else {  // 1-D blocks of BC elements
+    constexpr int kBlocksPerLine = kBlockTile / BC;
+    if (row_data) {  // block (line, j): tile row `line`, columns j·BC ...
+      for (int i = tid; i < kBlockTile * kBlocksPerLine; i += kBlockThreads) {
+        const int line = i % kBlockTile, j = i / kBlockTile;
+        if (line >= tile_rows || j * BC >= tile_cols) continue;
+        BlockAmax a;
+        for (int e = 0; e < BC; ++e) a.add(tile(line, j * BC + e));
+        const long long r = r0 + line, c = c0 + j * BC;
+        const float factor = block_factor<R>(a.value(), s_enc, row_scale_inv, r * (cols / BC) + c / BC);
+        std::uint8_t b[BC];
+        for (int e = 0; e < BC; ++e) b[e] = block_cast<R>(tile(line, j * BC + e) * factor);
+        store_bytes(row_data + r * cols + c, b);
+      }
+    }
+    if (col_data) {  // block (line, j): tile column `line`, rows j·BC ... (whole: rows % BC == 0)
+      for (int i = tid; i < kBlockTile * kBlocksPerLine; i += kBlockThreads) {
+        const int line = i % kBlockTile, j = i / kBlockTile;
+        if (line >= tile_cols || j * BC >= tile_rows) continue;
+        BlockAmax a;
+        for (int e = 0; e < BC; ++e) a.add(tile(j * BC + e, line));
+        const long long c = c0 + line, r = r0 + j * BC;
+        const float factor = block_factor<R>(a.value(), s_enc, col_scale_inv, c * (rows / BC) + r / BC);
+        std::uint8_t b[BC];
+        for (int e = 0; e < BC; ++e) b[e] = block_cast<R>(tile(j * BC + e, line) * factor);
+        store_bytes(col_data + c * rows + r, b);
       }
     }
   }
@@ -298,38 +499,67 @@ __global__ void decode_kernel(const std::uint8_t* data, long long rows, long lon
   }
 }
 
-float gpu_amax(const Tensor& x) {
-  Tensor bits({1}, DType::kF32, Device::kCuda);
+// The amax of x as f32 bits in a device word (amax_kernel), no host round trip.
+// REQUIRES: x 16-byte aligned.
+Tensor gpu_amax_bits(const Tensor& x) {
+  Tensor bits({1}, DType::kF32, Device::kCuda);  // read as unsigned by the kernels
   TPCHECK_CUDA_CHECK(cudaMemsetAsync(bits.raw(), 0, sizeof(unsigned), current_stream()));
   const long long n = x.numel();
-  if (n > 0) {
-    // A few blocks per SM is enough for a bandwidth-bound loop (and keeps the atomics few).
-    const unsigned blocks = std::min(grid_for(n, kAmaxThreads), 132u * 8u);
-    amax_kernel<<<blocks, kAmaxThreads, 0, current_stream()>>>(x.raw(), x.dtype(), n,
-                                                              static_cast<unsigned*>(bits.raw()));
-    TPCHECK_LAUNCH_CHECK();
+  if (n == 0) return bits;
+  auto* out = static_cast<unsigned*>(bits.raw());
+  // Enough blocks to fill the GPU (8 per SM of an H200's 132) and keep the atomics few.
+  const auto launch = [&](auto* typed) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(typed)>>;
+    const unsigned blocks = std::min(grid_for(n / kVec<T> + 1, kAmaxThreads), 132u * 8u);
+    amax_kernel<T><<<blocks, kAmaxThreads, 0, current_stream()>>>(typed, n, out);
+  };
+  switch (x.dtype()) {
+    case DType::kF32: launch(static_cast<const float*>(x.raw())); break;
+    case DType::kF16: launch(static_cast<const __half*>(x.raw())); break;
+    default: launch(static_cast<const __nv_bfloat16*>(x.raw())); break;
   }
-  return static_cast<float>(bits.at(0));  // copies to the host and waits
+  TPCHECK_LAUNCH_CHECK();
+  return bits;
 }
 
 Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
 
-// A per-tensor scale_inv on the GPU: cuBLASLt's FP8 GEMM reads it through a device pointer.
-Tensor device_scalar(float v) { return scalar(v).to_device(Device::kCuda); }
-
-template <BlockRecipe R>
-void launch_blocks(const Tensor& x, std::int64_t rows, std::int64_t cols, bool columnwise, int br,
-                   int bc, float s_enc, DType format, DType scale_dtype, Tensor& data,
-                   Tensor& scale_inv) {
-  const std::int64_t crows = columnwise ? cols : rows, ccols = columnwise ? rows : cols;
-  data = Tensor({crows, ccols}, format, Device::kCuda);
-  scale_inv = Tensor({crows / br, ccols / bc}, scale_dtype, Device::kCuda);
-  const long long nblocks = (crows / br) * (ccols / bc);
-  if (nblocks == 0) return;
-  block_kernel<R><<<grid_for(nblocks, 128), 128, 0, current_stream()>>>(
-      x.raw(), x.dtype(), rows, cols, columnwise, br, bc, s_enc,
-      static_cast<std::uint8_t*>(data.raw()), scale_inv.raw());
+// Both copies of a block recipe's quantization in one pass over x (block_tile_kernel).
+template <BlockRecipe R, int BC, bool kTwoD, typename T>
+void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, float s_enc,
+                        QuantizedData& q) {
+  auto kernel = block_tile_kernel<T, R, BC, kTwoD>;
+  // The tile is 66 KB: above the 48 KB a kernel gets without asking.
+  TPCHECK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kBlockSharedBytes)));
+  const long long row_tiles = (rows + kBlockTile - 1) / kBlockTile;
+  const long long col_tiles = (cols + kBlockTile - 1) / kBlockTile;
+  TPCHECK_CHECK_INPUT(col_tiles <= 65535 && row_tiles <= 0x7fffffffLL,
+                      "[{}, {}]: too large for the GPU block quantization kernel", rows, cols);
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(col_tiles));
+  auto* row_data = static_cast<std::uint8_t*>(q.rowwise_data.defined() ? q.rowwise_data.raw() : nullptr);
+  auto* col_data = static_cast<std::uint8_t*>(q.columnwise_data.defined() ? q.columnwise_data.raw() : nullptr);
+  kernel<<<grid, kBlockThreads, kBlockSharedBytes, current_stream()>>>(
+      x, rows, cols, s_enc, row_data, q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv.raw() : nullptr,
+      col_data, q.columnwise_scale_inv.defined() ? q.columnwise_scale_inv.raw() : nullptr);
   TPCHECK_LAUNCH_CHECK();
+}
+
+template <BlockRecipe R, int BC, bool kTwoD>
+void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols, float s_enc,
+                        QuantizedData& q) {
+  switch (x.dtype()) {
+    case DType::kF32:
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const float*>(x.raw()), rows, cols, s_enc, q);
+      break;
+    case DType::kF16:
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const __half*>(x.raw()), rows, cols, s_enc, q);
+      break;
+    default:
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const __nv_bfloat16*>(x.raw()), rows, cols,
+                                       s_enc, q);
+      break;
+  }
 }
 
 }  // namespace
@@ -354,46 +584,58 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   q->rows = rows;
   q->cols = cols;
   q->block = quant_block(o.recipe, o.role);
-  const float own_amax = gpu_amax(x);
-  const float amax = o.amax.value_or(own_amax);
-  q->amax = scalar(own_amax);
-  q->global_amax = scalar(amax);
+  // The kernels read 16 bytes at once: a view that does not start on 16 bytes is read from
+  // an aligned copy (the allocator's blocks are 256-byte aligned).
+  const Tensor aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0 ? x : x.clone();
+  const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
 
   if (o.recipe == Recipe::kFp8Delayed || o.recipe == Recipe::kFp8Current) {
-    const float s = o.recipe == Recipe::kFp8Delayed ? o.scale : fp8_current_scale(amax, q->format);
-    q->scale = scalar(s);
+    // Amax, scale and scale_inv stay on the GPU: no host round trip (the delayed-scaling
+    // bookkeeping reads the amax when it records it). One scale_inv tensor serves both
+    // copies (they share the scale; nothing writes it after this).
+    q->amax = Tensor({1}, DType::kF32, Device::kCuda);
+    q->global_amax = Tensor({1}, DType::kF32, Device::kCuda);
+    q->scale = Tensor({1}, DType::kF32, Device::kCuda);
+    Tensor scale_inv({1}, DType::kF32, Device::kCuda);
+    const bool delayed = o.recipe == Recipe::kFp8Delayed;
+    fp8_scale_kernel<<<1, 1, 0, current_stream()>>>(
+        static_cast<const unsigned*>(amax_bits.raw()), o.amax.has_value(), o.amax.value_or(0.0f),
+        delayed, o.scale, static_cast<float>(dtype_max_finite(q->format)),
+        static_cast<float*>(q->amax.raw()), static_cast<float*>(q->global_amax.raw()),
+        static_cast<float*>(q->scale.raw()), static_cast<float*>(scale_inv.raw()));
+    TPCHECK_LAUNCH_CHECK();
     if (o.usage.rowwise) {
       q->rowwise_data = Tensor({rows, cols}, q->format, Device::kCuda);
-      q->rowwise_scale_inv = device_scalar(scale_reciprocal(s));
+      q->rowwise_scale_inv = scale_inv;
     }
     if (o.usage.columnwise) {
       q->columnwise_data = Tensor({cols, rows}, q->format, Device::kCuda);
-      q->columnwise_scale_inv = device_scalar(scale_reciprocal(s));
+      q->columnwise_scale_inv = scale_inv;
     }
-    const long long n = rows * cols;
-    if (n > 0) {
-      // The kernel reads 4 elements at once: a view that does not start on 16 bytes is
-      // read from an aligned copy (the allocator's blocks are 256-byte aligned).
-      const Tensor aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0 ? x : x.clone();
-      const void* xp = aligned.raw();
-      const dim3 threads(kThreadsX, kThreadsY);
-      const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols),
-                      static_cast<unsigned>(std::min<long long>((rows + kTileRowsPer - 1) / kTileRowsPer, 65535)));
+    if (rows * cols > 0) {
+      const long long row_tiles = (rows + kCastTile - 1) / kCastTile;
+      const long long col_tiles = (cols + kCastTile - 1) / kCastTile;
+      TPCHECK_CHECK_INPUT(col_tiles <= 65535 && row_tiles <= 0x7fffffffLL,
+                          "{} {}: too large for the GPU cast kernel ({} x {} tiles of 128)", what,
+                          x.describe(), row_tiles, col_tiles);
+      const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(col_tiles));
       const bool e5m2 = q->format == DType::kF8E5M2;
+      const auto* scale_ptr = static_cast<const float*>(q->scale.raw());
       std::uint8_t* row_out = o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr;
       std::uint8_t* col_out = o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr;
+      const void* xp = aligned.raw();
       switch (x.dtype()) {
         case DType::kF32:
-          per_tensor_kernel<<<grid, threads, 0, current_stream()>>>(
-              static_cast<const float*>(xp), rows, cols, s, e5m2, row_out, col_out);
+          per_tensor_kernel<<<grid, kCastThreads, 0, current_stream()>>>(
+              static_cast<const float*>(xp), rows, cols, scale_ptr, e5m2, row_out, col_out);
           break;
         case DType::kF16:
-          per_tensor_kernel<<<grid, threads, 0, current_stream()>>>(
-              static_cast<const __half*>(xp), rows, cols, s, e5m2, row_out, col_out);
+          per_tensor_kernel<<<grid, kCastThreads, 0, current_stream()>>>(
+              static_cast<const __half*>(xp), rows, cols, scale_ptr, e5m2, row_out, col_out);
           break;
         default:
-          per_tensor_kernel<<<grid, threads, 0, current_stream()>>>(
-              static_cast<const __nv_bfloat16*>(xp), rows, cols, s, e5m2, row_out, col_out);
+          per_tensor_kernel<<<grid, kCastThreads, 0, current_stream()>>>(
+              static_cast<const __nv_bfloat16*>(xp), rows, cols, scale_ptr, e5m2, row_out, col_out);
           break;
       }
       TPCHECK_LAUNCH_CHECK();
@@ -401,27 +643,44 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     return q;
   }
 
-  const int br = static_cast<int>(q->block[0]), bc = static_cast<int>(q->block[1]);
-  for (bool columnwise : {false, true}) {
-    if (columnwise ? !o.usage.columnwise : !o.usage.rowwise) continue;
-    Tensor& data = columnwise ? q->columnwise_data : q->rowwise_data;
-    Tensor& scale_inv = columnwise ? q->columnwise_scale_inv : q->rowwise_scale_inv;
-    switch (o.recipe) {
-      case Recipe::kFp8Block:
-        launch_blocks<BlockRecipe::kFp8Block>(x, rows, cols, columnwise, br, bc, 0.0f, q->format,
-                                              DType::kF32, data, scale_inv);
-        break;
-      case Recipe::kMxfp8:
-        launch_blocks<BlockRecipe::kMxfp8>(x, rows, cols, columnwise, br, bc, 0.0f, q->format,
-                                           DType::kF8E8M0, data, scale_inv);
-        break;
-      default: {  // kNvfp4 (check_quantizable rejected kNone)
-        const float s_enc = nvfp4_global_encode_scale(amax);
-        q->scale = scalar(s_enc);
-        launch_blocks<BlockRecipe::kNvfp4>(x, rows, cols, columnwise, br, bc, s_enc, q->format,
-                                           DType::kF8E4M3, data, scale_inv);
-        break;
+  // The block recipes. Their blocks carry their own scales; the amax is kept (and read
+  // back only for NVFP4, whose global scale is computed on the host).
+  q->amax = amax_bits;  // the f32 bits of max |x|
+  q->global_amax = o.amax ? scalar(*o.amax) : amax_bits;
+  const std::int64_t br = q->block[0], bc = q->block[1];
+  // Each copy in its own layout: [rows/br, cols/bc] rowwise, [cols/br, rows/bc] columnwise.
+  const DType scale_dtype = o.recipe == Recipe::kFp8Block ? DType::kF32
+                            : o.recipe == Recipe::kMxfp8  ? DType::kF8E8M0
+                                                          : DType::kF8E4M3;
+  if (o.usage.rowwise) {
+    q->rowwise_data = Tensor({rows, cols}, q->format, Device::kCuda);
+    q->rowwise_scale_inv = Tensor({rows / br, cols / bc}, scale_dtype, Device::kCuda);
+  }
+  if (o.usage.columnwise) {
+    q->columnwise_data = Tensor({cols, rows}, q->format, Device::kCuda);
+    q->columnwise_scale_inv = Tensor({cols / br, rows / bc}, scale_dtype, Device::kCuda);
+  }
+  if (rows * cols == 0) {
+    if (o.recipe == Recipe::kNvfp4) q->scale = scalar(nvfp4_global_encode_scale(o.amax.value_or(0.0f)));
+    return q;
+  }
+  switch (o.recipe) {
+    case Recipe::kFp8Block:
+      if (br == 1) {
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, 0.0f, *q);
+      } else {
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, 0.0f, *q);
       }
+      break;
+    case Recipe::kMxfp8:
+      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, 0.0f, *q);
+      break;
+    default: {  // kNvfp4 (check_quantizable rejected kNone)
+      const float amax = o.amax.value_or(static_cast<float>(amax_bits.at(0)));
+      const float s_enc = nvfp4_global_encode_scale(amax);
+      q->scale = scalar(s_enc);
+      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, s_enc, *q);
+      break;
     }
   }
   return q;
