@@ -60,9 +60,11 @@ struct CublasLtAlgoRecord {
   std::uint32_t alignment_a = 0, alignment_b = 0, alignment_c = 0, alignment_d = 0;  // bytes
   float waves_count = 0;
   std::string impl_mask;             // the CUBLASLT_MATMUL_PREF_IMPL_MASK asked for ("any", ...)
-  // Quantized GEMMs: how the scales reach cuBLASLt ("per-tensor scale_inv pointers", or
-  // "emulated (decoded operands)"; empty for an unquantized GEMM) and whether Hopper's FP8
-  // fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) was on.
+  // Quantized GEMMs: how the scales reach cuBLASLt ("per-tensor scale_inv pointers";
+  // FP8 block scaling on sm_90: cuBLASLt's scale mode of the caller's A and B, e.g.
+  // "A VEC128_32F x B BLK128x128_32F"; or "emulated (decoded operands)"; empty for an
+  // unquantized GEMM) and whether Hopper's FP8 fast accumulation
+  // (CUBLASLT_MATMUL_DESC_FAST_ACCUM) was on.
   std::string scale_mode;
   bool fast_accumulation = false;
 };

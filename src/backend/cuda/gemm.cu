@@ -33,9 +33,11 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/decoded_gemm.h"
@@ -459,11 +461,22 @@ void CudaBackend::run_gemm(const GemmProblem& p, GemmRecord& record) {
 // compute, CUBLASLT_MATMUL_DESC_FAST_ACCUM for the GEMMs the recipe runs with fast
 // accumulation (the forward one), the bias epilogue with a bf16 bias (f16 with an f16
 // output), beta = 1 when accumulating.
-// The block-scaled recipes (FP8 block scaling, MXFP8, NVFP4) run emulated: each copy
-// decoded on the GPU into f32 (the quantized value times its block scale, exact) and an
-// f32 GEMM in CUBLAS_COMPUTE_32F (no TF32: the decoded values are exact in f32, and so are
-// their products in its accumulation) with the recipe's alpha — the CPU's contract, on
-// the GPU. The record says "emulated"; its class stays the recipe's.
+// FP8 block scaling on compute capability 9.0 with cuBLASLt 12.9 or later (checked at run
+// time: the library loaded, not the headers) runs cuBLASLt's block-scaled FP8 GEMM as the
+// reference calls it on Hopper (run_fp8_block, below): the same TN layout, E4M3 operands,
+// one f32 scale per 1×128 block (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: activations and
+// gradients) or per 128×128 block (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: weights),
+// the split accumulator, each operand's scale_inv rearranged into cuBLASLt's layout first.
+// The other block-scaled recipes (MXFP8, NVFP4), and FP8 block scaling elsewhere, run
+// emulated: each copy decoded on the GPU into f32 (the quantized value times its block
+// scale, exact) and an f32 GEMM in CUBLAS_COMPUTE_32F (no TF32: the decoded values are
+// exact in f32, and so are their products in its accumulation) with the recipe's alpha —
+// the CPU's contract, on the GPU. The record says "emulated"; its class stays the recipe's.
+
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F and BLK128x128_32F appeared in cuBLAS 12.9.
+static_assert(CUBLAS_VERSION >= 120900,
+              "the CUDA backend needs cuBLAS 12.9 or later headers (CUDA 12.9+): FP8 block "
+              "scaling uses CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F");
 
 namespace {
 
@@ -472,6 +485,93 @@ DType fp8_bias_dtype(DType output) { return output == DType::kF16 ? DType::kF16 
 
 cudaDataType_t fp8_cuda_type(DType t) {
   return t == DType::kF8E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+}
+
+// ---- cuBLASLt's block scales (FP8 block scaling on sm_90) ----
+//
+// What cuBLASLt documents for these scale modes (cuBLAS documentation, section
+// "128-element 1D and 128x128 2D Block Scaling For FP8 Data Types" and its "Scaling
+// factors layouts"), for an operand op(X) of R rows (M for A, N for B) and k columns, with
+// L = ceil(k / 128):
+//   * VEC128_32F: an R × L tensor of f32 that is R-major: the scale of row r, k-block b
+//     at offset b · R + r;
+//   * BLK128x128_32F: an L4 × ceil(R / 128) tensor that is K-major, L4 = L rounded up to
+//     a multiple of 4 (the stride between its columns must be a multiple of 4): the scale
+//     of row block p, k-block b at offset p · L4 + b;
+//   * the start of each scale tensor 16-byte aligned; M and N multiples of 4; A and B may
+//     take different modes but not both BLK128x128_32F.
+// TransformerEngine keeps its scale_inv for these GEMMs in exactly these layouts ("GEMM
+// ready": 1×128 scales [k/128, pad4(rows)], 128×128 scales [rows/128, pad4(k/128)],
+// Float8BlockQuantizer.get_scale_shape): the contiguous dimension padded to a multiple of 4
+// in both.
+// Ours (QuantizedData) are row-major [rows / b0, k / 128] for the copy whose blocks run
+// along k (the columnwise copy in its own, transposed, layout), so:
+//   * 1×128: transposed, to [k/128, pad4(rows)];
+//   * 128×128: the same order, each row padded from k/128 to pad4(k/128) values.
+// The padding is zeros. Scales are small (one per 128 or 16384 values): one thread per
+// scale, no tiling.
+
+constexpr std::int64_t kScaleBlock = 128;
+
+std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+
+// dst[row · row_stride + col · col_stride] = src[row · cols + col] for a row-major src
+// [rows, cols]; dst's other elements (the padding) are left as they are.
+__global__ void place_block_scales(const float* src, long long rows, long long cols, float* dst,
+                                   long long row_stride, long long col_stride) {
+  const long long n = rows * cols;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long row = i / cols, col = i % cols;
+    dst[row * row_stride + col * col_stride] = src[i];
+  }
+}
+
+// The cuBLASLt name of an operand's scale mode, as the ledger writes it.
+const char* block_scale_mode_name(bool blocks_128x128) {
+  return blocks_128x128 ? "BLK128x128_32F" : "VEC128_32F";
+}
+
+// One operand copy's scale_inv (ours: f32 [rows / b0, k / 128], row-major) in the layout
+// cuBLASLt reads for its scale mode (above), as a new zero-padded GPU tensor. `rows` is
+// the copy's row count (m for A', n for B'); `operand` names it in errors.
+Tensor cublaslt_block_scales(std::string_view site, std::string_view operand,
+                             const Tensor& scale_inv, bool blocks_128x128, std::int64_t rows,
+                             std::int64_t k, cudaStream_t stream) {
+  const std::int64_t k_blocks = k / kScaleBlock;
+  const std::int64_t scale_rows = blocks_128x128 ? rows / kScaleBlock : rows;
+  TPCHECK_CHECK_INPUT(
+      k % kScaleBlock == 0 && (!blocks_128x128 || rows % kScaleBlock == 0) &&
+          scale_inv.defined() && scale_inv.dtype() == DType::kF32 &&
+          scale_inv.numel() == scale_rows * k_blocks,
+      "quantized GEMM '{}': operand {}'s scale_inv is {}; its [{}, {}] copy in {} blocks needs "
+      "f32 [{}, {}] (rows and k multiples of the block)",
+      site, operand, scale_inv.defined() ? scale_inv.describe() : "undefined", rows, k,
+      blocks_128x128 ? "128x128" : "1x128", scale_rows, k_blocks);
+  const Tensor src = scale_inv.to_device(Device::kCuda);
+  Tensor out;
+  long long row_stride = 0, col_stride = 0;
+  if (blocks_128x128) {
+    const std::int64_t k_blocks_padded = round_up(k_blocks, 4);
+    out = Tensor({scale_rows, k_blocks_padded}, DType::kF32, Device::kCuda);
+    row_stride = k_blocks_padded;
+    col_stride = 1;
+  } else {
+    const std::int64_t rows_padded = round_up(rows, 4);
+    out = Tensor({k_blocks, rows_padded}, DType::kF32, Device::kCuda);
+    row_stride = 1;
+    col_stride = rows_padded;
+  }
+  const long long count = scale_rows * k_blocks;
+  if (count > 0) {
+    place_block_scales<<<cuda::grid_for(count), 256, 0, stream>>>(
+        static_cast<const float*>(src.raw()), scale_rows, k_blocks, static_cast<float*>(out.raw()),
+        row_stride, col_stride);
+    TPCHECK_LAUNCH_CHECK();
+  }
+  return out;
 }
 
 }  // namespace
@@ -582,6 +682,167 @@ struct CudaQuantizedGemmEngine {
     record.cublaslt = std::move(lt);
   }
 
+  // FP8 block scaling through cuBLASLt's block-scaled FP8 GEMM (compute capability 9.0,
+  // cuBLASLt >= 12.9; run_gemm_quantized decides). As run_fp8, with the scale modes and
+  // cuBLASLt's scale layouts (cublaslt_block_scales above). The reference's requirements,
+  // the first built in, the others checked here with errors that name them:
+  //   * TN layout: TransformerEngine passes block-scaled operands as A transposed, B not
+  //     (cublaslt_gemm.cu, CanonicalizeGemmInput: "Hopper only supports TN GEMMs for FP8");
+  //     QuantizedGemmProblem is that form already;
+  //   * not 128×128 × 128×128 (cuBLAS documentation's table of supported combinations;
+  //     TE checks the same);
+  //   * the split accumulator: TE's Float8BlockScaling recipe fixes use_split_accumulator
+  //     for fprop, dgrad and wgrad, and PyTorch's scaled_mm refuses fast accumulation with
+  //     1×128 / 128×128 scales;
+  //   * m and n multiples of 8: cuBLAS documents multiples of 4; TE requires 8 of the
+  //     output's leading dimension (16 bytes of a 16-bit output) and of the 1×128
+  //     operand's rows when it is cuBLASLt's B (ours A', always 1×128 here) "observed"
+  //     (cublaslt_gemm.cu) — we require what the reference does;
+  //   * an output in f32, f16 or bf16 (cuBLAS documentation); epilogue DEFAULT or BIAS
+  //     (TE allows DEFAULT, BIAS, DGELU with block scaling; the layers fuse only a bias).
+  // With no algorithm for a combination the GEMM fails with an error naming the site, the
+  // shapes and the scale modes: no silent fallback to the emulation.
+  static void run_fp8_block(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
+    Tensor& d = *q.c;
+    const Tensor& a_data = q.a_columnwise ? q.a->columnwise_data : q.a->rowwise_data;  // [m, k]
+    const Tensor& b_data = q.b_columnwise ? q.b->columnwise_data : q.b->rowwise_data;  // [n, k]
+    // Our operands' block shapes: {1, 128} or {128, 128} in each copy's own layout.
+    const bool a_2d = q.a->block.size() == 2 && q.a->block[0] == kScaleBlock;
+    const bool b_2d = q.b->block.size() == 2 && q.b->block[0] == kScaleBlock;
+    const std::string modes = TPCHECK_FORMAT("A {} x B {}", block_scale_mode_name(a_2d),
+                                             block_scale_mode_name(b_2d));
+    TPCHECK_CHECK_INPUT(!(a_2d && b_2d),
+                        "quantized GEMM '{}' (m={} n={} k={}): both operands have 128x128 "
+                        "blocks ({}); cuBLASLt's block-scaled FP8 GEMM takes 1x128 x 1x128, "
+                        "1x128 x 128x128 or 128x128 x 1x128",
+                        q.site, q.m, q.n, q.k, modes);
+    TPCHECK_CHECK_INPUT(!q.fast_accumulation,
+                        "quantized GEMM '{}': fast accumulation was asked for with FP8 block "
+                        "scaling ({}); the recipe uses the split accumulator (the reference's "
+                        "Float8BlockScaling requires it)",
+                        q.site, modes);
+    TPCHECK_CHECK_INPUT(q.epilogue.activation == GemmEpilogue::Activation::kNone,
+                        "quantized GEMM '{}': epilogue {} is not offered on FP8 operands (the "
+                        "layers apply activations in their own kernels under a recipe)",
+                        q.site, gemm_epilogue_name(q.epilogue));
+    TPCHECK_CHECK_INPUT(q.m % 8 == 0 && q.n % 8 == 0,
+                        "quantized GEMM '{}' (m={} n={} k={}, {}): cuBLASLt's block-scaled FP8 "
+                        "GEMM on sm_90 needs m and n to be multiples of 8 (the reference "
+                        "requires the same; its callers pad): in a Linear, the token count and "
+                        "the features",
+                        q.site, q.m, q.n, q.k, modes);
+
+    // The scales in cuBLASLt's layouts. Column-major: cuBLASLt's A is B' (n rows), its B
+    // is A' (m rows).
+    const Tensor a_scale = cublaslt_block_scales(
+        q.site, "A", q.a_columnwise ? q.a->columnwise_scale_inv : q.a->rowwise_scale_inv, a_2d,
+        q.m, q.k, be.stream_);
+    const Tensor b_scale = cublaslt_block_scales(
+        q.site, "B", q.b_columnwise ? q.b->columnwise_scale_inv : q.b->rowwise_scale_inv, b_2d,
+        q.n, q.k, be.stream_);
+    TPCHECK_CHECK(alignment_of(a_scale.raw()) >= 16 && alignment_of(b_scale.raw()) >= 16,
+                  "quantized GEMM '{}': the rearranged block scales are not 16-byte aligned "
+                  "(cuBLASLt requires it)",
+                  q.site);
+
+    Tensor bias;
+    if (q.epilogue.bias != nullptr) {
+      const DType want = fp8_bias_dtype(d.dtype());
+      bias = q.epilogue.bias->dtype() == want ? *q.epilogue.bias : q.epilogue.bias->to(want);
+    }
+    const cublasLtEpilogue_t epilogue =
+        bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+
+    Descriptors desc;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+    const void* x_scale = b_scale.raw();
+    const void* y_scale = a_scale.raw();
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, x_scale);
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, y_scale);
+    // The attribute is an int32_t holding a cublasLtMatmulMatrixScale_t (cublasLt.h).
+    const std::int32_t x_mode = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const std::int32_t y_mode = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, x_mode);
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, y_mode);
+    const std::int8_t fast = 0;  // the split accumulator (above)
+    set_op(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+    if (bias.defined()) {
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+      const void* bias_ptr = bias.raw();
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(bias.dtype()));
+    }
+    const cudaDataType_t tx = fp8_cuda_type(q.b->format), ty = fp8_cuda_type(q.a->format);
+    const std::int64_t ld = std::max<std::int64_t>(1, q.k);
+    make_layout(&desc.x, tx, q.k, q.n, ld, 1, 0);
+    make_layout(&desc.y, ty, q.k, q.m, ld, 1, 0);
+    make_layout(&desc.d, cuda_type(d.dtype()), q.n, q.m, std::max<std::int64_t>(1, q.n), 1, 0);
+
+    const std::uint32_t align_x = alignment_of(b_data.raw()), align_y = alignment_of(a_data.raw());
+    const std::uint32_t align_d = alignment_of(d.raw());
+    const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
+    const std::uint64_t workspace_limit = be.options_.workspace_bytes;
+    make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
+
+    const std::string key = TPCHECK_FORMAT(
+        "fp8block|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(tx),
+        static_cast<int>(ty), static_cast<int>(x_mode), static_cast<int>(y_mode),
+        static_cast<int>(cuda_type(d.dtype())), static_cast<int>(epilogue), q.m, q.n, q.k,
+        align_x, align_y, align_d, mask, bias.defined() ? static_cast<int>(bias.dtype()) : -1,
+        q.accumulate);
+    auto it = be.algo_cache_.find(key);
+    if (it == be.algo_cache_.end()) {
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+          be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
+      TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
+                          "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, scale modes {}, "
+                          "epilogue {}): cuBLASLt has no block-scaled FP8 algorithm under "
+                          "--gemm-impl {} ({})",
+                          q.site, q.m, q.n, q.k, dtype_name(q.a->format), dtype_name(q.b->format),
+                          dtype_name(d.dtype()), modes, epilogue_name(epilogue),
+                          gemm_impl_mask_name(be.options_.impl_mask),
+                          status == CUBLAS_STATUS_SUCCESS ? "no result"
+                                                          : cuda::cublas_status_name(status));
+      it = be.algo_cache_
+               .emplace(key, CudaBackend::CachedAlgo{result.algo, result.workspaceSize,
+                                                     result.wavesCount})
+               .first;
+    }
+    const CudaBackend::CachedAlgo& chosen = it->second;
+    const float alpha = q.alpha, beta = q.accumulate ? 1.0f : 0.0f;  // alpha: 1 for this recipe
+    if (q.m > 0 && q.n > 0) {
+      TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, &alpha, b_data.raw(), desc.x,
+                                          a_data.raw(), desc.y, &beta, d.raw(), desc.d, d.raw(),
+                                          desc.d, &chosen.algo, be.workspace_,
+                                          be.options_.workspace_bytes, be.stream_));
+    }
+
+    CublasLtAlgoRecord lt;
+    lt.compute_type = "32F";
+    lt.scale_type = "32F";
+    lt.epilogue = epilogue_name(epilogue);
+    CudaGemmEngine::describe_algorithm(chosen, lt);
+    lt.workspace_limit = workspace_limit;
+    lt.alignment_a = align_x;
+    lt.alignment_b = align_y;
+    lt.alignment_c = align_d;
+    lt.alignment_d = align_d;
+    lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
+    lt.fast_accumulation = false;
+    lt.scale_mode = modes;  // A and B are the caller's operands (cuBLASLt's are swapped)
+    record.math_class = q.math_class;
+    record.implementation = TPCHECK_FORMAT(
+        "cublasLt FP8 block-scaled algo {} {} {} splitK {}, split accumulation, {}: {}",
+        lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k, modes, lt.numerical_impl);
+    record.cublaslt = std::move(lt);
+  }
+
   static void run_emulated(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
     TPCHECK_CHECK_INPUT(q.epilogue.activation == GemmEpilogue::Activation::kNone,
                         "quantized GEMM '{}': epilogue {} is not offered on quantized operands "
@@ -614,8 +875,15 @@ void CudaBackend::run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& 
   TPCHECK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options_.device));
   TPCHECK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options_.device));
   const bool fp8_tensor_cores = major * 10 + minor >= 89;
+  // cuBLASLt's 1×128 / 128×128 block-scaled FP8 GEMM: compute capability 9.0 only (cuBLAS
+  // documentation, "Scaling Mode Support Overview"), from cuBLAS 12.9 on. The version is
+  // the library's loaded now (12.9 = 120900), which may be older than the headers.
+  const bool block_scaled_fp8 =
+      major == 9 && minor == 0 && cublasLtGetVersion() >= std::size_t{120900};
   if (p.math_class == MathClass::kFp8 && fp8_tensor_cores) {
     CudaQuantizedGemmEngine::run_fp8(*this, p, record);
+  } else if (p.math_class == MathClass::kFp8Block && block_scaled_fp8) {
+    CudaQuantizedGemmEngine::run_fp8_block(*this, p, record);
   } else {
     CudaQuantizedGemmEngine::run_emulated(*this, p, record);
   }
