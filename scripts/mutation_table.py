@@ -33,8 +33,11 @@ def failures(tpcheck, suite, tp, mutation, extra=()):
         try:
             report = json.load(open(f.name))
         except json.JSONDecodeError:
-            last = (run.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"error (rc {run.returncode}): {last[:120]}"
+            # The message, not the "(at file:line)" line tpcheck prints after it.
+            lines = [l.strip() for l in run.stderr.splitlines()
+                     if l.strip() and not l.strip().startswith("(at ")]
+            last = (lines or ["no output"])[-1]
+            return None, f"error (rc {run.returncode}): {last[:160]}"
     cases = report["cases"]
     return {p: sum(c["verdicts"][p]["status"] == "fail" for c in cases) for p in POLICIES}, len(cases)
 

@@ -286,7 +286,9 @@ TEST(GlobalRules, ZeroShardedTensorUnderTruthAsksTheErrorModel) {
   EXPECT_NE(v.reason.find("all zeros"), std::string::npos) << v.reason;
   EXPECT_NE(v.reason.find("lost it to rounding"), std::string::npos) << v.reason;
   for (const Policy& p : kAll) {
-    if (p.kind != PolicyKind::kTruth) EXPECT_EQ(evaluate(p, c).status, VerdictStatus::kFail);
+    if (p.kind != PolicyKind::kTruth) {
+      EXPECT_EQ(evaluate(p, c).status, VerdictStatus::kFail);
+    }
   }
   // The same zero tensor against an accurate single fails under truth too.
   Tensor accurate = Tensor::from_f64(b, {6}, DType::kF32);

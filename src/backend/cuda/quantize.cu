@@ -179,7 +179,16 @@ __global__ void amax_kernel(const T* x, long long n, unsigned* out) {
   const long long vectors = n / V;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   const long long first = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
-  for (long long i = first; i < vectors; i += stride) {
+  // Four loads in flight per thread, then the rest one at a time.
+  long long i = first;
+  for (; i + 3 * stride < vectors; i += 4 * stride) {
+    float v[4][V];
+    for (int u = 0; u < 4; ++u) load_vec(x + (i + u * stride) * V, v[u]);
+    for (int u = 0; u < 4; ++u) {
+      for (int j = 0; j < V; ++j) local = max(local, __float_as_uint(fabsf(v[u][j])));
+    }
+  }
+  for (; i < vectors; i += stride) {
     float v[V];
     load_vec(x + i * V, v);
     for (int j = 0; j < V; ++j) local = max(local, __float_as_uint(fabsf(v[j])));
@@ -377,7 +386,7 @@ template <typename T, BlockRecipe R, int BC, bool kTwoD>
 __global__ void __launch_bounds__(kBlockThreads)
     block_tile_kernel(const T* x, long long rows, long long cols, float s_enc,
                       std::uint8_t* row_data, void* row_scale_inv, std::uint8_t* col_data,
-                      void* col_scale_inv) {
+                      void* col_scale_inv, unsigned* amax_bits) {
   extern __shared__ float tile_storage[];
   auto tile = [&](int r, int c) -> float& { return tile_storage[r * kBlockPitch + c]; };
   constexpr int V = kVec<T>;
@@ -390,12 +399,22 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int tile_cols = static_cast<int>(cols - c0 < kBlockTile ? cols - c0 : kBlockTile);
   {  // load (16-byte reads; cols is a multiple of 16, so a vector never straddles the end)
     const int cc = (tid % kThreadsPerRow) * V;
+    unsigned local = 0;  // the tensor's amax as f32 bits (amax_kernel's rule), if asked
     for (int rr = tid / kThreadsPerRow; rr < tile_rows; rr += kRowsPerPass) {
       if (cc < tile_cols) {
         float v[V];
         load_vec(x + (r0 + rr) * cols + c0 + cc, v);
-        for (int j = 0; j < V; ++j) tile(rr, cc + j) = v[j];
+        for (int j = 0; j < V; ++j) {
+          tile(rr, cc + j) = v[j];
+          local = max(local, __float_as_uint(fabsf(v[j])));
+        }
       }
+    }
+    if (amax_bits != nullptr) {
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+      }
+      if (tid % 32 == 0) atomicMax(amax_bits, local);
     }
   }
   __syncthreads();
@@ -525,9 +544,10 @@ Tensor gpu_amax_bits(const Tensor& x) {
 Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
 
 // Both copies of a block recipe's quantization in one pass over x (block_tile_kernel).
+// amax_bits: where the kernel max-reduces the tensor's amax (f32 bits), or null.
 template <BlockRecipe R, int BC, bool kTwoD, typename T>
 void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, float s_enc,
-                        QuantizedData& q) {
+                        QuantizedData& q, unsigned* amax_bits) {
   auto kernel = block_tile_kernel<T, R, BC, kTwoD>;
   // The tile is 66 KB: above the 48 KB a kernel gets without asking.
   TPCHECK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -541,23 +561,26 @@ void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, float 
   auto* col_data = static_cast<std::uint8_t*>(q.columnwise_data.defined() ? q.columnwise_data.raw() : nullptr);
   kernel<<<grid, kBlockThreads, kBlockSharedBytes, current_stream()>>>(
       x, rows, cols, s_enc, row_data, q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv.raw() : nullptr,
-      col_data, q.columnwise_scale_inv.defined() ? q.columnwise_scale_inv.raw() : nullptr);
+      col_data, q.columnwise_scale_inv.defined() ? q.columnwise_scale_inv.raw() : nullptr,
+      amax_bits);
   TPCHECK_LAUNCH_CHECK();
 }
 
 template <BlockRecipe R, int BC, bool kTwoD>
 void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols, float s_enc,
-                        QuantizedData& q) {
+                        QuantizedData& q, unsigned* amax_bits) {
   switch (x.dtype()) {
     case DType::kF32:
-      launch_block_tiles<R, BC, kTwoD>(static_cast<const float*>(x.raw()), rows, cols, s_enc, q);
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const float*>(x.raw()), rows, cols, s_enc, q,
+                                       amax_bits);
       break;
     case DType::kF16:
-      launch_block_tiles<R, BC, kTwoD>(static_cast<const __half*>(x.raw()), rows, cols, s_enc, q);
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const __half*>(x.raw()), rows, cols, s_enc, q,
+                                       amax_bits);
       break;
     default:
       launch_block_tiles<R, BC, kTwoD>(static_cast<const __nv_bfloat16*>(x.raw()), rows, cols,
-                                       s_enc, q);
+                                       s_enc, q, amax_bits);
       break;
   }
 }
@@ -587,9 +610,9 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   // The kernels read 16 bytes at once: a view that does not start on 16 bytes is read from
   // an aligned copy (the allocator's blocks are 256-byte aligned).
   const Tensor aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0 ? x : x.clone();
-  const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
 
   if (o.recipe == Recipe::kFp8Delayed || o.recipe == Recipe::kFp8Current) {
+    const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
     // Amax, scale and scale_inv stay on the GPU: no host round trip (the delayed-scaling
     // bookkeeping reads the amax when it records it). One scale_inv tensor serves both
     // copies (they share the scale; nothing writes it after this).
@@ -643,9 +666,20 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     return q;
   }
 
-  // The block recipes. Their blocks carry their own scales; the amax is kept (and read
-  // back only for NVFP4, whose global scale is computed on the host).
-  q->amax = amax_bits;  // the f32 bits of max |x|
+  // The block recipes. Their blocks carry their own scales; the tensor's amax is kept
+  // (FP8 block scaling and MXFP8: max-reduced by the block kernel as it reads the tiles;
+  // NVFP4 needs it before the first cast, for its global scale: a pass of its own, read
+  // back, the scale computed on the host).
+  const bool amax_first = o.recipe == Recipe::kNvfp4;
+  Tensor amax_bits;  // the f32 bits of max |x|
+  if (amax_first) {
+    amax_bits = gpu_amax_bits(aligned);
+  } else {
+    amax_bits = Tensor({1}, DType::kF32, Device::kCuda);
+    TPCHECK_CUDA_CHECK(cudaMemsetAsync(amax_bits.raw(), 0, sizeof(unsigned), current_stream()));
+  }
+  unsigned* fused_amax = amax_first ? nullptr : static_cast<unsigned*>(amax_bits.raw());
+  q->amax = amax_bits;
   q->global_amax = o.amax ? scalar(*o.amax) : amax_bits;
   const std::int64_t br = q->block[0], bc = q->block[1];
   // Each copy in its own layout: [rows/br, cols/bc] rowwise, [cols/br, rows/bc] columnwise.
@@ -667,19 +701,19 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   switch (o.recipe) {
     case Recipe::kFp8Block:
       if (br == 1) {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, 0.0f, *q);
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, 0.0f, *q, fused_amax);
       } else {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, 0.0f, *q);
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, 0.0f, *q, fused_amax);
       }
       break;
     case Recipe::kMxfp8:
-      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, 0.0f, *q);
+      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, 0.0f, *q, fused_amax);
       break;
     default: {  // kNvfp4 (check_quantizable rejected kNone)
       const float amax = o.amax.value_or(static_cast<float>(amax_bits.at(0)));
       const float s_enc = nvfp4_global_encode_scale(amax);
       q->scale = scalar(s_enc);
-      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, s_enc, *q);
+      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, s_enc, *q, nullptr);
       break;
     }
   }
