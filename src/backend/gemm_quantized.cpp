@@ -114,10 +114,16 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
   p.math_class = quant_math_class(parse_recipe(qa.recipe));
   p.fast_accumulation = fast_accumulation;
   if (qa.block.empty()) {
-    // cuBLASLt multiplies the accumulator by scale_a · scale_b (the scale_inv pointers).
+    // The accumulated sum times scale_inv_a · scale_inv_b. Scales on the host (the CPU
+    // backend) become alpha, which the engine applies and the record shows. Scales on the
+    // GPU stay there: cuBLASLt reads them through its scale pointers, and reading them here
+    // would make every GEMM wait for the quantization before it (alpha stays 1; the
+    // record's scale_mode says "per-tensor scale_inv pointers").
     const Tensor& sa = trans_a ? qa.columnwise_scale_inv : qa.rowwise_scale_inv;
     const Tensor& sb = trans_b ? qb.rowwise_scale_inv : qb.columnwise_scale_inv;
-    p.alpha = static_cast<float>(sa.at(0)) * static_cast<float>(sb.at(0));
+    if (sa.device() == Device::kCpu && sb.device() == Device::kCpu) {
+      p.alpha = static_cast<float>(sa.at(0)) * static_cast<float>(sb.at(0));
+    }
   } else if (qa.format == DType::kF4E2M1) {
     p.alpha = nvfp4_gemm_alpha(static_cast<float>(qa.global_amax.at(0)),
                                static_cast<float>(qb.global_amax.at(0)));

@@ -190,6 +190,9 @@ Measured compare_product(Backend& cpu, Backend& gpu, Recipe recipe, const Produc
     const Tensor qb = quantized_on(cpu, b, recipe, p.b_role, !p.trans_b);
     cpu.gemm_quantized("test", qa, p.trans_a, qb, p.trans_b, c_cpu, accumulate, epilogue, fast);
   }
+  // The factor applied to the accumulated sum, from the CPU's record (the CUDA backend's
+  // per-tensor FP8 GEMM takes it through cuBLASLt's scale pointers and records alpha 1).
+  const double alpha = std::fabs(cpu.ledger().records().back().alpha);
   Tensor c_gpu = accumulate ? c0.to_device(Device::kCuda) : Tensor({m, n}, out_dtype, Device::kCuda);
   const Tensor bias_gpu = bias.to_device(Device::kCuda);
   GemmEpilogue gpu_epilogue;
@@ -204,7 +207,6 @@ Measured compare_product(Backend& cpu, Backend& gpu, Recipe recipe, const Produc
   const QuantizedValues av = quantized_values(*qa.quantized(), p.trans_a);
   const QuantizedValues bv = quantized_values(*qb.quantized(), !p.trans_b);
   const std::vector<double> x = av.values.to_f64(), y = bv.values.to_f64();
-  const double alpha = std::fabs(out.record.alpha);
   const double unit_s = unit_per_s(narrow_additions(recipe, fast, k, out.record), k);
   const std::vector<double> bias_used = bias.to(DType::kBF16).to_f64();  // as both rounded it
   const std::vector<double> got = c_gpu.to_f64(), want = c_cpu.to_f64(), c_start = c0.to_f64();

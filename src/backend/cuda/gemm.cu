@@ -577,18 +577,102 @@ Tensor cublaslt_block_scales(std::string_view site, std::string_view operand,
 }  // namespace
 
 struct CudaQuantizedGemmEngine {
+  // How the operands' scales reach one cuBLASLt FP8 GEMM: device f32 tensors for A' and B'
+  // (the caller's operands), and the scale modes when they are block scales (none: the
+  // per-tensor scalar mode, cuBLASLt's default).
+  struct Fp8Scales {
+    Tensor a, b;
+    std::optional<std::int32_t> a_mode, b_mode;  // cublasLtMatmulMatrixScale_t
+    std::string description;                     // the record's scale_mode
+  };
+
+  // Per-tensor FP8 (delayed and current scaling): each operand's scale_inv through a
+  // scale pointer.
   static void run_fp8(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
-    Tensor& d = *q.c;
-    const Tensor& a_data = q.a_columnwise ? q.a->columnwise_data : q.a->rowwise_data;  // [m, k]
-    const Tensor& b_data = q.b_columnwise ? q.b->columnwise_data : q.b->rowwise_data;  // [n, k]
-    const Tensor a_scale =
-        (q.a_columnwise ? q.a->columnwise_scale_inv : q.a->rowwise_scale_inv).to_device(Device::kCuda);
-    const Tensor b_scale =
-        (q.b_columnwise ? q.b->columnwise_scale_inv : q.b->rowwise_scale_inv).to_device(Device::kCuda);
     TPCHECK_CHECK_INPUT(!(q.a->format == DType::kF8E5M2 && q.b->format == DType::kF8E5M2),
                         "quantized GEMM '{}': both operands are E5M2; cuBLASLt's FP8 GEMM needs "
                         "at least one E4M3 operand",
                         q.site);
+    Fp8Scales scales;
+    scales.a = (q.a_columnwise ? q.a->columnwise_scale_inv : q.a->rowwise_scale_inv).to_device(Device::kCuda);
+    scales.b = (q.b_columnwise ? q.b->columnwise_scale_inv : q.b->rowwise_scale_inv).to_device(Device::kCuda);
+    scales.description = "per-tensor scale_inv pointers";
+    run_cublaslt_fp8(be, q, scales, "FP8", record);
+  }
+
+  // FP8 block scaling through cuBLASLt's block-scaled FP8 GEMM (compute capability 9.0,
+  // cuBLASLt >= 12.9; run_gemm_quantized decides): the scale modes and cuBLASLt's scale
+  // layouts (cublaslt_block_scales above). The reference's requirements, the first built
+  // in, the others checked here with errors that name them:
+  //   * TN layout: TransformerEngine passes block-scaled operands as A transposed, B not
+  //     (cublaslt_gemm.cu, CanonicalizeGemmInput: "Hopper only supports TN GEMMs for FP8");
+  //     QuantizedGemmProblem is that form already;
+  //   * not 128×128 × 128×128 (cuBLAS documentation's table of supported combinations;
+  //     TE checks the same);
+  //   * the split accumulator: TE's Float8BlockScaling recipe fixes use_split_accumulator
+  //     for fprop, dgrad and wgrad, and PyTorch's scaled_mm refuses fast accumulation with
+  //     1×128 / 128×128 scales;
+  //   * m and n multiples of 8: cuBLAS documents multiples of 4; TE requires 8 of the
+  //     output's leading dimension (16 bytes of a 16-bit output) and of the 1×128
+  //     operand's rows when it is cuBLASLt's B (ours A', always 1×128 here) "observed"
+  //     (cublaslt_gemm.cu) — we require what the reference does;
+  //   * an output in f32, f16 or bf16 (cuBLAS documentation); epilogue DEFAULT or BIAS
+  //     (TE allows DEFAULT, BIAS, DGELU with block scaling; the layers fuse only a bias).
+  // With no algorithm for a combination the GEMM fails with an error naming the site, the
+  // shapes and the scale modes: no silent fallback to the emulation.
+  static void run_fp8_block(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
+    // Our operands' block shapes: {1, 128} or {128, 128} in each copy's own layout.
+    const bool a_2d = q.a->block.size() == 2 && q.a->block[0] == kScaleBlock;
+    const bool b_2d = q.b->block.size() == 2 && q.b->block[0] == kScaleBlock;
+    Fp8Scales scales;
+    scales.description = TPCHECK_FORMAT("A {} x B {}", block_scale_mode_name(a_2d),
+                                        block_scale_mode_name(b_2d));
+    const std::string& modes = scales.description;
+    TPCHECK_CHECK_INPUT(!(a_2d && b_2d),
+                        "quantized GEMM '{}' (m={} n={} k={}): both operands have 128x128 "
+                        "blocks ({}); cuBLASLt's block-scaled FP8 GEMM takes 1x128 x 1x128, "
+                        "1x128 x 128x128 or 128x128 x 1x128",
+                        q.site, q.m, q.n, q.k, modes);
+    TPCHECK_CHECK_INPUT(!q.fast_accumulation,
+                        "quantized GEMM '{}': fast accumulation was asked for with FP8 block "
+                        "scaling ({}); the recipe uses the split accumulator (the reference's "
+                        "Float8BlockScaling requires it)",
+                        q.site, modes);
+    TPCHECK_CHECK_INPUT(q.m % 8 == 0 && q.n % 8 == 0,
+                        "quantized GEMM '{}' (m={} n={} k={}, {}): cuBLASLt's block-scaled FP8 "
+                        "GEMM on sm_90 needs m and n to be multiples of 8 (the reference "
+                        "requires the same; its callers pad): in a Linear, the token count and "
+                        "the features",
+                        q.site, q.m, q.n, q.k, modes);
+    scales.a = cublaslt_block_scales(
+        q.site, "A", q.a_columnwise ? q.a->columnwise_scale_inv : q.a->rowwise_scale_inv, a_2d,
+        q.m, q.k, be.stream_);
+    scales.b = cublaslt_block_scales(
+        q.site, "B", q.b_columnwise ? q.b->columnwise_scale_inv : q.b->rowwise_scale_inv, b_2d,
+        q.n, q.k, be.stream_);
+    TPCHECK_CHECK(alignment_of(scales.a.raw()) >= 16 && alignment_of(scales.b.raw()) >= 16,
+                  "quantized GEMM '{}': the rearranged block scales are not 16-byte aligned "
+                  "(cuBLASLt requires it)",
+                  q.site);
+    scales.a_mode = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                         : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    scales.b_mode = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                         : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    run_cublaslt_fp8(be, q, scales, "FP8 block-scaled", record);
+  }
+
+  // One cuBLASLt FP8 GEMM as the reference calls it on Hopper, for both engines above:
+  // the TN layout (A' [m, k] and B' [n, k] both have k contiguous, which column-major reads
+  // as B'ᵀ-op-T times A'-op-N), fp32 compute, the scales, fast accumulation as the caller
+  // asks, the BIAS epilogue with a bf16 bias (f16 with an f16 output), alpha 1, beta = 1
+  // when accumulating; the algorithm from
+  // cuBLASLt's heuristic, cached per problem; the record. `kind` names the GEMM in the
+  // record and in errors ("FP8", "FP8 block-scaled").
+  static void run_cublaslt_fp8(CudaBackend& be, const QuantizedGemmProblem& q,
+                               const Fp8Scales& scales, std::string_view kind, GemmRecord& record) {
+    Tensor& d = *q.c;
+    const Tensor& a_data = q.a_columnwise ? q.a->columnwise_data : q.a->rowwise_data;  // [m, k]
+    const Tensor& b_data = q.b_columnwise ? q.b->columnwise_data : q.b->rowwise_data;  // [n, k]
     TPCHECK_CHECK_INPUT(q.epilogue.activation == GemmEpilogue::Activation::kNone,
                         "quantized GEMM '{}': epilogue {} is not offered on FP8 operands (the "
                         "layers apply activations in their own kernels under a recipe)",
@@ -606,10 +690,13 @@ struct CudaQuantizedGemmEngine {
     set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
     set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
     // Column-major: cuBLASLt's A is B' (scale b), its B is A' (scale a).
-    const void* x_scale = b_scale.raw();
-    const void* y_scale = a_scale.raw();
+    const void* x_scale = scales.b.raw();
+    const void* y_scale = scales.a.raw();
     set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, x_scale);
     set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, y_scale);
+    // The mode attributes are int32_t holding a cublasLtMatmulMatrixScale_t (cublasLt.h).
+    if (scales.b_mode) set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, *scales.b_mode);
+    if (scales.a_mode) set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, *scales.a_mode);
     const std::int8_t fast = q.fast_accumulation ? 1 : 0;
     set_op(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
     if (bias.defined()) {
@@ -631,9 +718,11 @@ struct CudaQuantizedGemmEngine {
     make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
 
     const std::string key = TPCHECK_FORMAT(
-        "fp8|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(tx), static_cast<int>(ty),
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", kind, static_cast<int>(tx),
+        static_cast<int>(ty), scales.b_mode.value_or(-1), scales.a_mode.value_or(-1),
         static_cast<int>(cuda_type(d.dtype())), static_cast<int>(epilogue), q.m, q.n, q.k,
-        align_x, align_y, align_d, mask, static_cast<int>(fast), q.accumulate);
+        align_x, align_y, align_d, mask, static_cast<int>(fast),
+        bias.defined() ? static_cast<int>(bias.dtype()) : -1, q.accumulate);
     auto it = be.algo_cache_.find(key);
     if (it == be.algo_cache_.end()) {
       cublasLtMatmulHeuristicResult_t result{};
@@ -641,11 +730,11 @@ struct CudaQuantizedGemmEngine {
       const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
           be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
       TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
-                          "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, epilogue {}): "
-                          "cuBLASLt has no FP8 algorithm under --gemm-impl {} ({})",
+                          "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, scales {}, "
+                          "epilogue {}): cuBLASLt has no {} algorithm under --gemm-impl {} ({})",
                           q.site, q.m, q.n, q.k, dtype_name(q.a->format), dtype_name(q.b->format),
-                          dtype_name(d.dtype()), epilogue_name(epilogue),
-                          gemm_impl_mask_name(be.options_.impl_mask),
+                          dtype_name(d.dtype()), scales.description, epilogue_name(epilogue),
+                          kind, gemm_impl_mask_name(be.options_.impl_mask),
                           status == CUBLAS_STATUS_SUCCESS ? "no result"
                                                           : cuda::cublas_status_name(status));
       it = be.algo_cache_
@@ -654,6 +743,8 @@ struct CudaQuantizedGemmEngine {
                .first;
     }
     const CudaBackend::CachedAlgo& chosen = it->second;
+    // alpha 1: the scales carry every factor (per tensor through the pointers; block
+    // scaling has no per-tensor factor).
     const float alpha = 1.0f, beta = q.accumulate ? 1.0f : 0.0f;
     if (q.m > 0 && q.n > 0) {
       TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, &alpha, b_data.raw(), desc.x,
@@ -668,178 +759,22 @@ struct CudaQuantizedGemmEngine {
     lt.epilogue = epilogue_name(epilogue);
     CudaGemmEngine::describe_algorithm(chosen, lt);
     lt.workspace_limit = workspace_limit;
-    lt.alignment_a = align_x;
+    lt.alignment_a = align_x;  // cuBLASLt's A is the caller's B (column-major form)
     lt.alignment_b = align_y;
     lt.alignment_c = align_d;
     lt.alignment_d = align_d;
     lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
     lt.fast_accumulation = q.fast_accumulation;
-    lt.scale_mode = "per-tensor scale_inv pointers";
+    lt.scale_mode = scales.description;  // A and B are the caller's operands
     record.math_class = q.math_class;
-    record.implementation = TPCHECK_FORMAT(
-        "cublasLt FP8 algo {} {} {} splitK {}, {} accumulation: {}", lt.algo_id, lt.tile_name,
-        lt.stages_name, lt.split_k, q.fast_accumulation ? "fast" : "split", lt.numerical_impl);
-    record.cublaslt = std::move(lt);
-  }
-
-  // FP8 block scaling through cuBLASLt's block-scaled FP8 GEMM (compute capability 9.0,
-  // cuBLASLt >= 12.9; run_gemm_quantized decides). As run_fp8, with the scale modes and
-  // cuBLASLt's scale layouts (cublaslt_block_scales above). The reference's requirements,
-  // the first built in, the others checked here with errors that name them:
-  //   * TN layout: TransformerEngine passes block-scaled operands as A transposed, B not
-  //     (cublaslt_gemm.cu, CanonicalizeGemmInput: "Hopper only supports TN GEMMs for FP8");
-  //     QuantizedGemmProblem is that form already;
-  //   * not 128×128 × 128×128 (cuBLAS documentation's table of supported combinations;
-  //     TE checks the same);
-  //   * the split accumulator: TE's Float8BlockScaling recipe fixes use_split_accumulator
-  //     for fprop, dgrad and wgrad, and PyTorch's scaled_mm refuses fast accumulation with
-  //     1×128 / 128×128 scales;
-  //   * m and n multiples of 8: cuBLAS documents multiples of 4; TE requires 8 of the
-  //     output's leading dimension (16 bytes of a 16-bit output) and of the 1×128
-  //     operand's rows when it is cuBLASLt's B (ours A', always 1×128 here) "observed"
-  //     (cublaslt_gemm.cu) — we require what the reference does;
-  //   * an output in f32, f16 or bf16 (cuBLAS documentation); epilogue DEFAULT or BIAS
-  //     (TE allows DEFAULT, BIAS, DGELU with block scaling; the layers fuse only a bias).
-  // With no algorithm for a combination the GEMM fails with an error naming the site, the
-  // shapes and the scale modes: no silent fallback to the emulation.
-  static void run_fp8_block(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {
-    Tensor& d = *q.c;
-    const Tensor& a_data = q.a_columnwise ? q.a->columnwise_data : q.a->rowwise_data;  // [m, k]
-    const Tensor& b_data = q.b_columnwise ? q.b->columnwise_data : q.b->rowwise_data;  // [n, k]
-    // Our operands' block shapes: {1, 128} or {128, 128} in each copy's own layout.
-    const bool a_2d = q.a->block.size() == 2 && q.a->block[0] == kScaleBlock;
-    const bool b_2d = q.b->block.size() == 2 && q.b->block[0] == kScaleBlock;
-    const std::string modes = TPCHECK_FORMAT("A {} x B {}", block_scale_mode_name(a_2d),
-                                             block_scale_mode_name(b_2d));
-    TPCHECK_CHECK_INPUT(!(a_2d && b_2d),
-                        "quantized GEMM '{}' (m={} n={} k={}): both operands have 128x128 "
-                        "blocks ({}); cuBLASLt's block-scaled FP8 GEMM takes 1x128 x 1x128, "
-                        "1x128 x 128x128 or 128x128 x 1x128",
-                        q.site, q.m, q.n, q.k, modes);
-    TPCHECK_CHECK_INPUT(!q.fast_accumulation,
-                        "quantized GEMM '{}': fast accumulation was asked for with FP8 block "
-                        "scaling ({}); the recipe uses the split accumulator (the reference's "
-                        "Float8BlockScaling requires it)",
-                        q.site, modes);
-    TPCHECK_CHECK_INPUT(q.epilogue.activation == GemmEpilogue::Activation::kNone,
-                        "quantized GEMM '{}': epilogue {} is not offered on FP8 operands (the "
-                        "layers apply activations in their own kernels under a recipe)",
-                        q.site, gemm_epilogue_name(q.epilogue));
-    TPCHECK_CHECK_INPUT(q.m % 8 == 0 && q.n % 8 == 0,
-                        "quantized GEMM '{}' (m={} n={} k={}, {}): cuBLASLt's block-scaled FP8 "
-                        "GEMM on sm_90 needs m and n to be multiples of 8 (the reference "
-                        "requires the same; its callers pad): in a Linear, the token count and "
-                        "the features",
-                        q.site, q.m, q.n, q.k, modes);
-
-    // The scales in cuBLASLt's layouts. Column-major: cuBLASLt's A is B' (n rows), its B
-    // is A' (m rows).
-    const Tensor a_scale = cublaslt_block_scales(
-        q.site, "A", q.a_columnwise ? q.a->columnwise_scale_inv : q.a->rowwise_scale_inv, a_2d,
-        q.m, q.k, be.stream_);
-    const Tensor b_scale = cublaslt_block_scales(
-        q.site, "B", q.b_columnwise ? q.b->columnwise_scale_inv : q.b->rowwise_scale_inv, b_2d,
-        q.n, q.k, be.stream_);
-    TPCHECK_CHECK(alignment_of(a_scale.raw()) >= 16 && alignment_of(b_scale.raw()) >= 16,
-                  "quantized GEMM '{}': the rearranged block scales are not 16-byte aligned "
-                  "(cuBLASLt requires it)",
-                  q.site);
-
-    Tensor bias;
-    if (q.epilogue.bias != nullptr) {
-      const DType want = fp8_bias_dtype(d.dtype());
-      bias = q.epilogue.bias->dtype() == want ? *q.epilogue.bias : q.epilogue.bias->to(want);
-    }
-    const cublasLtEpilogue_t epilogue =
-        bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-
-    Descriptors desc;
-    TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
-    const void* x_scale = b_scale.raw();
-    const void* y_scale = a_scale.raw();
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, x_scale);
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, y_scale);
-    // The attribute is an int32_t holding a cublasLtMatmulMatrixScale_t (cublasLt.h).
-    const std::int32_t x_mode = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    const std::int32_t y_mode = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, x_mode);
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, y_mode);
-    const std::int8_t fast = 0;  // the split accumulator (above)
-    set_op(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
-    if (bias.defined()) {
-      set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-      const void* bias_ptr = bias.raw();
-      set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
-      set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(bias.dtype()));
-    }
-    const cudaDataType_t tx = fp8_cuda_type(q.b->format), ty = fp8_cuda_type(q.a->format);
-    const std::int64_t ld = std::max<std::int64_t>(1, q.k);
-    make_layout(&desc.x, tx, q.k, q.n, ld, 1, 0);
-    make_layout(&desc.y, ty, q.k, q.m, ld, 1, 0);
-    make_layout(&desc.d, cuda_type(d.dtype()), q.n, q.m, std::max<std::int64_t>(1, q.n), 1, 0);
-
-    const std::uint32_t align_x = alignment_of(b_data.raw()), align_y = alignment_of(a_data.raw());
-    const std::uint32_t align_d = alignment_of(d.raw());
-    const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
-    const std::uint64_t workspace_limit = be.options_.workspace_bytes;
-    make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
-
-    const std::string key = TPCHECK_FORMAT(
-        "fp8block|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(tx),
-        static_cast<int>(ty), static_cast<int>(x_mode), static_cast<int>(y_mode),
-        static_cast<int>(cuda_type(d.dtype())), static_cast<int>(epilogue), q.m, q.n, q.k,
-        align_x, align_y, align_d, mask, bias.defined() ? static_cast<int>(bias.dtype()) : -1,
-        q.accumulate);
-    auto it = be.algo_cache_.find(key);
-    if (it == be.algo_cache_.end()) {
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-          be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
-      TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
-                          "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, scale modes {}, "
-                          "epilogue {}): cuBLASLt has no block-scaled FP8 algorithm under "
-                          "--gemm-impl {} ({})",
-                          q.site, q.m, q.n, q.k, dtype_name(q.a->format), dtype_name(q.b->format),
-                          dtype_name(d.dtype()), modes, epilogue_name(epilogue),
-                          gemm_impl_mask_name(be.options_.impl_mask),
-                          status == CUBLAS_STATUS_SUCCESS ? "no result"
-                                                          : cuda::cublas_status_name(status));
-      it = be.algo_cache_
-               .emplace(key, CudaBackend::CachedAlgo{result.algo, result.workspaceSize,
-                                                     result.wavesCount})
-               .first;
-    }
-    const CudaBackend::CachedAlgo& chosen = it->second;
-    const float alpha = q.alpha, beta = q.accumulate ? 1.0f : 0.0f;  // alpha: 1 for this recipe
-    if (q.m > 0 && q.n > 0) {
-      TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, &alpha, b_data.raw(), desc.x,
-                                          a_data.raw(), desc.y, &beta, d.raw(), desc.d, d.raw(),
-                                          desc.d, &chosen.algo, be.workspace_,
-                                          be.options_.workspace_bytes, be.stream_));
-    }
-
-    CublasLtAlgoRecord lt;
-    lt.compute_type = "32F";
-    lt.scale_type = "32F";
-    lt.epilogue = epilogue_name(epilogue);
-    CudaGemmEngine::describe_algorithm(chosen, lt);
-    lt.workspace_limit = workspace_limit;
-    lt.alignment_a = align_x;
-    lt.alignment_b = align_y;
-    lt.alignment_c = align_d;
-    lt.alignment_d = align_d;
-    lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
-    lt.fast_accumulation = false;
-    lt.scale_mode = modes;  // A and B are the caller's operands (cuBLASLt's are swapped)
-    record.math_class = q.math_class;
-    record.implementation = TPCHECK_FORMAT(
-        "cublasLt FP8 block-scaled algo {} {} {} splitK {}, split accumulation, {}: {}",
-        lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k, modes, lt.numerical_impl);
+    record.implementation =
+        scales.a_mode ? TPCHECK_FORMAT("cublasLt {} algo {} {} {} splitK {}, {} accumulation, {}: {}",
+                                       kind, lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k,
+                                       q.fast_accumulation ? "fast" : "split", lt.scale_mode,
+                                       lt.numerical_impl)
+                      : TPCHECK_FORMAT("cublasLt {} algo {} {} {} splitK {}, {} accumulation: {}",
+                                       kind, lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k,
+                                       q.fast_accumulation ? "fast" : "split", lt.numerical_impl);
     record.cublaslt = std::move(lt);
   }
 
