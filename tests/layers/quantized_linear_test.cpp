@@ -12,6 +12,8 @@
 //     scaling); quantizing every shard with the group's amax and concatenating gives
 //     the bytes and scales of quantizing the gathered tensor (what the reference's
 //     quantized all-gather must produce, and what tpcheck's gather-then-quantize is).
+//   * each tensor is quantized once per step into both its copies (three quantizations:
+//     x, W, dy), not once per product operand.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -141,6 +143,58 @@ TEST(QuantizedLinear, EachProductReadsTheReferenceOperands) {
   }
   // HYBRID FP8: gradients in E5M2, the rest E4M3.
   EXPECT_EQ(quant_data_dtype(Recipe::kFp8Current, QuantRole::kGradOutput), DType::kF8E5M2);
+}
+
+// Records every quantization a layer asks of its backend: what, and which copies.
+class QuantizeRecorder : public BackendWrapper {
+ public:
+  explicit QuantizeRecorder(Backend& target) : BackendWrapper(target) {}
+  struct Call {
+    std::string what;
+    QuantRole role;
+    QuantUsage usage;
+  };
+  std::vector<Call> calls;
+  std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
+                                          std::string_view what) override {
+    calls.push_back(Call{std::string(what), options.role, options.usage});
+    return BackendWrapper::quantize(x, options, what);
+  }
+};
+
+// Each tensor is quantized once per step, into both the copies its two products read (the
+// reference's quantizers do the same): x and W in forward, dy before dgrad — three calls,
+// not one per product operand (six). With delay_wgrad_compute the kept dy is reused too.
+TEST(QuantizedLinear, EachTensorIsQuantizedOncePerStepIntoBothCopies) {
+  for (Recipe recipe : kRecipes) {
+    for (bool delay_wgrad : {false, true}) {
+      SCOPED_TRACE(std::string(recipe_name(recipe)) + (delay_wgrad ? " delay_wgrad" : ""));
+      std::unique_ptr<Communicator> comm = make_single_communicator();
+      std::unique_ptr<Backend> cpu = make_cpu_backend();
+      QuantizeRecorder backend(*cpu);
+      ModuleContext ctx{&backend, comm.get(), kSeed, Mutation::kNone};
+      ctx.recipe = recipe;
+      Linear layer("", Linear::Options::from_json({{"in_features", kIn},
+                                                   {"out_features", kOut},
+                                                   {"params_dtype", "f32"},
+                                                   {"delay_wgrad_compute", delay_wgrad}}),
+                   ctx);
+      const Tensor x = generate(FillSpec::normal(0.0, 1.0), kSeed, "x", {kTokens, kIn}, DType::kF32);
+      const Tensor dy = generate(FillSpec::normal(0.0, 1.0), kSeed, "dy", {kTokens, kOut}, DType::kF32);
+      Linear::Saved saved;
+      layer.forward(x, saved);
+      layer.backward(OutputGrads{dy, Tensor(), Tensor()}, saved);
+      layer.backward_dw(saved);
+      ASSERT_EQ(backend.calls.size(), 3u);
+      const QuantRole roles[] = {QuantRole::kInput, QuantRole::kWeight, QuantRole::kGradOutput};
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(backend.calls[i].role, roles[i]) << backend.calls[i].what;
+        EXPECT_TRUE(backend.calls[i].usage.rowwise && backend.calls[i].usage.columnwise)
+            << backend.calls[i].what;
+      }
+      EXPECT_EQ(cpu->ledger().records().size(), 3u);  // fwd, dgrad, wgrad
+    }
+  }
 }
 
 TEST(QuantizedLinear, WeightShardThatDoesNotFitTheBlocksIsRejectedAtConstruction) {
