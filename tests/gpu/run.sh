@@ -17,6 +17,9 @@ export NCCL_NVLS_ENABLE=0
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/tpcheck-gpu}"
 mkdir -p "$out"
+# Several invocations may share one $OUT (one device call): each archives and removes only
+# what it wrote (newer than this marker), under an archive name of its own.
+start_marker="$(mktemp "$out/.start.XXXXXX")"
 # pack.sh ships one archive; unpack it once.
 if [ -f "$root/.devrun/devrun.tgz" ] && [ ! -x "$root/.devrun/tpcheck" ]; then
   tar -C "$root/.devrun" -xzf "$root/.devrun/devrun.tgz"
@@ -241,15 +244,20 @@ fi
 # The GEMM algorithm / class differences of every suite run, in one file.
 ls "$out"/te_cuda_tp*.json >/dev/null 2>&1 &&
   python3 "$root/scripts/gemm_class_table.py" "$out"/te_cuda_tp*.json >"$out/class_tables.md" 2>&1
-# The device returns few files: the logs and reports travel as one archive.
+# The device returns few files: the logs and reports this invocation wrote travel as one
+# archive (logs.tgz, or logs-2.tgz ... when an earlier invocation made one).
 (
   cd "$out" || exit
-  tar -czf logs.tgz --exclude=logs.tgz --exclude=table.md --exclude=class_tables.md \
-    --exclude=profile_folded.md --exclude='mutations_*_table.md' \
-    --exclude='*.tgz' --exclude=failures.txt --exclude=./calibration . 2>/dev/null
-  find . -maxdepth 1 -type f ! -name '*.tgz' ! -name table.md ! -name class_tables.md \
-    ! -name profile_folded.md ! -name 'mutations_*_table.md' \
-    ! -name failures.txt -delete
+  archive=logs.tgz
+  n=2
+  while [ -e "$archive" ]; do archive="logs-$n.tgz"; n=$((n + 1)); done
+  kept=(! -name '*.tgz' ! -name table.md ! -name class_tables.md ! -name profile_folded.md
+        ! -name 'mutations_*_table.md' ! -name failures.txt ! -name '.start.*')
+  find . -mindepth 1 -maxdepth 1 -newer "$start_marker" "${kept[@]}" ! -name calibration \
+    -print0 >"$start_marker.list"
+  [ -s "$start_marker.list" ] && tar -czf "$archive" --null -T "$start_marker.list" 2>/dev/null
+  find . -maxdepth 1 -type f -newer "$start_marker" "${kept[@]}" -delete
+  rm -f "$start_marker" "$start_marker.list"
 )
 cat "$out/failures.txt" 2>/dev/null | grep -v PASSED | head -30
 echo
