@@ -82,9 +82,15 @@ struct NormForward {
   Tensor rstd;  // [rows] 1/sqrt(var + eps) (RMSNorm: 1/sqrt(mean(x²) + eps))
 };
 
+// What attention's backward needs. The unfused path saves the probabilities; the fused
+// one (flash attention) saves only each query row's log-sum-exp and recomputes them.
 struct AttentionForward {
   Tensor out;    // [s, b, h, d], input dtype
-  Tensor probs;  // [b, h, s_q, s_k] softmax probabilities, f32 (f64 for f64 inputs)
+  Tensor probs;  // unfused: [b, h, s_q, s_k] softmax probabilities, f32 (f64 for f64
+                 // inputs); undefined when fused
+  Tensor stats;  // fused: [b, h, s_q, 1] f32, log Σ_j exp(scale·q·k_j) over the allowed
+                 // keys (natural log, the row maximum included); undefined when unfused
+  bool fused() const { return stats.defined(); }
 };
 
 struct AttentionGrads {
@@ -248,6 +254,21 @@ class Backend {
   virtual Tensor activation_forward(Activation act, const Tensor& x) = 0;
   virtual Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) = 0;
 
+  // LayerNormMLP's bias + gelu, as the reference fuses them (NVTE_BIAS_GELU_NVFUSION):
+  // with R = f32 (f64 for f64 h) and pre = round_R(h + bias),
+  //   forward   returns round_T(gelu(pre)), T = h's dtype;
+  //   backward  dpre = da · gelu'(pre) in R; returns round_T(dpre), T = da's dtype, and
+  //             dbias += Σ_rows dpre (summed in R as accumulate_bias_grad sums an R
+  //             tensor, rounded once to dbias's dtype).
+  // h, da [.., n]; bias [n] any kernel dtype, or undefined (no bias: pre = h; dbias is
+  // then not touched). The defaults compose to(), add_bias(), activation_*() and
+  // accumulate_bias_grad() (backend.cpp); a backend may fuse them into one kernel with
+  // the same roundings and the same summation order, i.e. the same bits. Decorators
+  // (BackendWrapper) keep the composition, so they see its parts.
+  virtual Tensor bias_gelu_forward(const Tensor& h, const Tensor& bias);
+  virtual Tensor bias_gelu_backward(const Tensor& da, const Tensor& h, const Tensor& bias,
+                                    Tensor& dbias);
+
   // Scaled dot-product attention. q [s, b, h, d]; k, v [s, b, g, d] with g dividing h;
   // query head i uses key/value group i / (h / g). out = softmax(scale · q kᵀ + mask) v.
   // Non-virtual: one composition for every backend (src/backend/attention.cpp) of the
@@ -262,6 +283,13 @@ class Backend {
   // Rounding points (TransformerEngine's unfused attention; docs/LAYERS.md): S, P before
   // the context product, O, dP, dS and the per-head dQ, dK, dV are stored in q's dtype;
   // the softmax and its backward compute in f32 (f64), and `probs` is saved in f32 (f64).
+  // Fused: when the backend's engine takes the problem (run_fused_attention_forward: the
+  // CUDA backend with fused_attention on, f16 / bf16, no mask or causal), one library
+  // call per pass computes it (flash attention: no s×s tensor is stored, P is rounded to
+  // q's dtype before the context product inside the kernel, the softmax runs online in
+  // f32); the ledger gets the same sites, shapes and math class, with the engine's
+  // implementation text and no cuBLASLt part. The backward takes the fused path when
+  // the forward did (saved.fused()).
   AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const AttentionMask& mask, double scale);
   AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -302,6 +330,26 @@ class Backend {
   // The quantized GEMM engine (gemm_quantized). The default refuses: a backend that
   // supports quantized recipes overrides it.
   virtual void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record);
+
+  // The fused attention engine. Returns false when this backend does not fuse the problem
+  // (the default), and attention_forward composes the primitives below instead; true
+  // after computing `out` (out.out and out.stats) and naming what ran in `implementation`.
+  // Inputs are validated (check_qkv's rules) before the call.
+  virtual bool run_fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionMask& mask, double scale,
+                                           AttentionForward& out, std::string& implementation);
+  // Its backward, for a `saved` that run_fused_attention_forward produced. The default
+  // refuses (Error): a backend whose forward fuses overrides both.
+  virtual AttentionGrads run_fused_attention_backward(const Tensor& dout, const Tensor& q,
+                                                      const Tensor& k, const Tensor& v,
+                                                      const AttentionForward& saved,
+                                                      const AttentionMask& mask, double scale,
+                                                      std::string& implementation);
+  // Appends the ledger record of one product a fused attention kernel computed inside
+  // (C[m, n] = alpha · op(A)[m, k] · op(B)[k, n], `batch` times, A, B, C in `dtype`).
+  void record_fused_product(std::string_view site, std::int64_t m, std::int64_t n,
+                            std::int64_t k, std::int64_t batch, bool trans_a, bool trans_b,
+                            double alpha, DType dtype, const std::string& implementation);
 
   // Validation, class choice, canonicalization and recording shared by gemm() and
   // gemm_batched().
@@ -406,6 +454,21 @@ class BackendWrapper : public Backend {
   Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override {
     return target_.attention_softmax_backward(dprobs, probs);
   }
+  bool run_fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionMask& mask, double scale, AttentionForward& out,
+                                   std::string& implementation) override {
+    return target_.run_fused_attention_forward(q, k, v, mask, scale, out, implementation);
+  }
+  AttentionGrads run_fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                              const Tensor& v, const AttentionForward& saved,
+                                              const AttentionMask& mask, double scale,
+                                              std::string& implementation) override {
+    return target_.run_fused_attention_backward(dout, q, k, v, saved, mask, scale,
+                                                implementation);
+  }
+  // bias_gelu_forward / bias_gelu_backward are not forwarded: the wrapper runs Backend's
+  // composition over its own (forwarding, possibly decorated) primitives, so a decorator
+  // that perturbs or records each op sees the same ops with or without a fusing target.
 
  private:
   void adopt_state(Backend& target) { state_ = target.state_; }

@@ -101,12 +101,8 @@ Tensor LayerNormMLP::forward_to_activation(const Tensor& x, Saved& saved) {
   if (!bias_gelu_fusion(options_)) {
     return ctx_.backend->activation_forward(options_.activation, saved.fc1_output);
   }
-  // gelu(h + b) in f32 (f64), rounded once to the storage dtype.
-  Backend& be = *ctx_.backend;
-  const DType dtype = saved.fc1_output.dtype();
-  Tensor pre = saved.fc1_output.to(dtype == DType::kF64 ? DType::kF64 : DType::kF32);
-  if (saved.fc1_bias.defined()) be.add_bias(pre, saved.fc1_bias);
-  return be.activation_forward(Activation::kGelu, pre).to(dtype);
+  // gelu(h + b) in f32 (f64), rounded once to the storage dtype (Backend::bias_gelu_forward).
+  return ctx_.backend->bias_gelu_forward(saved.fc1_output, saved.fc1_bias);
 }
 
 LayerOutputs LayerNormMLP::forward(const Tensor& x, Saved& saved) {
@@ -141,17 +137,13 @@ Tensor LayerNormMLP::backward(const OutputGrads& grads, Saved& saved) {
     // The reference's fused bgrad + dgelu: gelu'(h + b) · da in f32 (f64), the input
     // gradient rounded once, the bias gradient summed over the tokens from the unrounded
     // values (and rounded once into the gradient).
-    Backend& be = *ctx_.backend;
-    const DType dtype = da.dtype();
-    const DType wide = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-    Tensor pre = saved.fc1_output.to(wide);
-    if (saved.fc1_bias.defined()) be.add_bias(pre, saved.fc1_bias);
-    const Tensor dpre = be.activation_backward(Activation::kGelu, da.to(wide), pre);
-    fc1_grads.output = dpre.to(dtype);
+    // (Backend::bias_gelu_backward; the bias gradient into a zeroed f32 (f64) buffer.)
+    const DType wide = da.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
     if (saved.fc1_bias.defined()) {
-      fc1_grads.bias = Tensor::zeros({dpre.dim(-1)}, wide, dpre.device());
-      be.accumulate_bias_grad(dpre, fc1_grads.bias);
+      fc1_grads.bias = Tensor::zeros({da.dim(-1)}, wide, da.device());
     }
+    fc1_grads.output =
+        ctx_.backend->bias_gelu_backward(da, saved.fc1_output, saved.fc1_bias, fc1_grads.bias);
   }
   Tensor dln = fc1_.backward(fc1_grads, saved.fc1);
   if (options_.return_layernorm_output) {

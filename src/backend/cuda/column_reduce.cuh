@@ -125,6 +125,13 @@ class ColumnReduce {
     }
   }
 
+  // For a fused kernel that computes pass 1 itself (bias_gelu.cu): the chunking, and the
+  // [chunks, terms, n] buffer it must fill exactly as column_partials_kernel would (the
+  // same rows per chunk, lanes and order, so pass 2 gives the same bits).
+  long long chunk_rows() const { return chunk_rows_; }
+  long long chunks() const { return chunks_; }
+  Tensor& partials_buffer() { return partials_; }
+
   // Pass 2: param[j] += Σ_chunks partials[term][j], rounded once to param's dtype.
   // REQUIRES: param is a [n] GPU tensor of a kernel dtype.
   void accumulate_into(int term, Tensor& param) {
