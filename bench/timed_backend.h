@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -98,6 +99,17 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
     Timer t(this, OpKind::kActivation, x.numel());
     return inner_->activation_backward(act, dy, x);
   }
+  // The target's fused bias + gelu (BackendWrapper would run the composition): timed as
+  // an activation.
+  Tensor bias_gelu_forward(const Tensor& h, const Tensor& bias) override {
+    Timer t(this, OpKind::kActivation, h.numel());
+    return inner_->bias_gelu_forward(h, bias);
+  }
+  Tensor bias_gelu_backward(const Tensor& da, const Tensor& h, const Tensor& bias,
+                            Tensor& dbias) override {
+    Timer t(this, OpKind::kActivation, h.numel());
+    return inner_->bias_gelu_backward(da, h, bias, dbias);
+  }
   Tensor add(const Tensor& a, const Tensor& b) override {
     Timer t(this, OpKind::kElementwise, a.numel());
     return inner_->add(a, b);
@@ -129,6 +141,21 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
   // Attention is a composition (Backend::attention_forward / attention_backward): its
   // products pass run_gemm above and count as GEMM time; its layout and softmax
   // primitives count here.
+  // Fused attention (one library call per pass) counts as attention time.
+  bool run_fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionMask& mask, double scale, AttentionForward& out,
+                                   std::string& implementation) override {
+    Timer t(this, OpKind::kAttention, q.numel());
+    return BackendWrapper::run_fused_attention_forward(q, k, v, mask, scale, out, implementation);
+  }
+  AttentionGrads run_fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                              const Tensor& v, const AttentionForward& saved,
+                                              const AttentionMask& mask, double scale,
+                                              std::string& implementation) override {
+    Timer t(this, OpKind::kAttention, q.numel());
+    return BackendWrapper::run_fused_attention_backward(dout, q, k, v, saved, mask, scale,
+                                                        implementation);
+  }
   Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override {
     Timer t(this, OpKind::kAttention, x.numel());
     return BackendWrapper::attention_heads_in(x, heads);

@@ -38,3 +38,12 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 [ -x "$root/.venv/bin/python" ] || python3 -m venv --system-site-packages "$root/.venv"
 "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check \
   -r "$root/tests/python/requirements.txt"
+
+# cuDNN's header-only frontend (its C++ graph API) for the CUDA backend's fused attention
+# (src/backend/cuda/fused_attention.cpp). Only its include/ folder is used: the package is
+# installed into .deps/, not into the venv, and without its dependencies.
+frontend="$root/.deps/cudnn-frontend"
+if [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
+  "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    --target "$frontend" nvidia-cudnn-frontend==1.32.0
+fi

@@ -28,6 +28,11 @@ struct CudaBackendOptions {
   bool allow_tf32 = true;       // f32 GEMMs: CUBLAS_COMPUTE_32F_FAST_TF32, else 32F
   GemmImplMask impl_mask = GemmImplMask::kAny;
   std::size_t workspace_bytes = std::size_t{32} << 20;  // as the reference library uses
+  // Attention through cuDNN's fused (flash) attention where it applies (f16 / bf16, no
+  // mask or causal; src/backend/cuda/fused_attention.cpp), as TransformerEngine's
+  // FusedAttention backend; off: the unfused composition with the reference's rounding
+  // points (--attention fused|unfused).
+  bool fused_attention = false;
 };
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});

@@ -119,6 +119,25 @@ AttentionForward Backend::attention_forward(const Tensor& q, const Tensor& k, co
   const Device dev = device();
   const std::int64_t bh = dm.b * dm.h;
 
+  {  // the fused engine, when this backend fuses the problem
+    AttentionForward fused;
+    std::string implementation;
+    if (run_fused_attention_forward(q, k, v, mask, scale, fused, implementation)) {
+      const Shape stats_shape{dm.b, dm.h, dm.s, 1};
+      TPCHECK_CHECK(fused.out.defined() && fused.out.shape() == q.shape() &&
+                        fused.out.dtype() == t && fused.stats.defined() &&
+                        fused.stats.shape() == stats_shape && !fused.probs.defined(),
+                    "run_fused_attention_forward of q {} returned out {} and stats {}",
+                    q.describe(), describe_or_undefined(fused.out),
+                    describe_or_undefined(fused.stats));
+      record_fused_product("attn.scores/fwd", dm.s, dm.s, dm.d, bh, false, true, scale, t,
+                           implementation);
+      record_fused_product("attn.context/fwd", dm.s, dm.d, dm.s, bh, false, false, 1.0, t,
+                           implementation);
+      return fused;
+    }
+  }
+
   const Tensor qh = attention_heads_in(q, dm.h);
   const Tensor kh = attention_heads_in(k, dm.h);
   const Tensor vh = attention_heads_in(v, dm.h);
@@ -132,14 +151,18 @@ AttentionForward Backend::attention_forward(const Tensor& q, const Tensor& k, co
 
   Tensor oh({bh, dm.s, dm.d}, t, dev);
   gemm_batched("attn.context/fwd", probs_in_storage(probs, t), false, vh, false, oh);
-  return {attention_heads_out(oh, dm.b, dm.h), probs.reshape({dm.b, dm.h, dm.s, dm.s})};
+  AttentionForward out;
+  out.out = attention_heads_out(oh, dm.b, dm.h);
+  out.probs = probs.reshape({dm.b, dm.h, dm.s, dm.s});
+  return out;
 }
 
-// `mask` is not needed here: the saved probabilities are exactly 0 at masked keys, so
-// dS and every product with P vanish there.
+// `mask` is not needed by the unfused backward: the saved probabilities are exactly 0 at
+// masked keys, so dS and every product with P vanish there. The fused one recomputes P and
+// takes it.
 AttentionGrads Backend::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                            const Tensor& v, const AttentionForward& saved,
-                                           const AttentionMask& /*mask*/, double scale) {
+                                           const AttentionMask& mask, double scale) {
   const Dims dm = check_qkv("attention_backward", q, k, v, device());
   TPCHECK_CHECK_INPUT(dout.defined() && dout.shape() == q.shape() && dout.device() == device(),
                       "attention_backward: dout must have q's shape {} on the {}, got {}",
@@ -148,6 +171,36 @@ AttentionGrads Backend::attention_backward(const Tensor& dout, const Tensor& q, 
                       "attention_backward: dout is {}; expected f64, f32, f16 or bf16",
                       dtype_name(dout.dtype()));
   const DType t = q.dtype();
+  if (saved.fused()) {  // the forward ran fused: so does the backward
+    const Shape stats_shape{dm.b, dm.h, dm.s, 1};
+    TPCHECK_CHECK_INPUT(saved.stats.shape() == stats_shape && saved.stats.dtype() == DType::kF32 &&
+                            saved.stats.device() == device() && saved.out.defined() &&
+                            saved.out.shape() == q.shape() && saved.out.dtype() == t,
+                        "attention_backward: a fused forward's saved state must be f32 stats {} "
+                        "and out {}{} on the {}, got stats {} and out {}",
+                        shape_str(stats_shape), dtype_name(t), shape_str(q.shape()),
+                        device_name(device()), saved.stats.describe(),
+                        describe_or_undefined(saved.out));
+    std::string implementation;
+    AttentionGrads grads =
+        run_fused_attention_backward(dout, q, k, v, saved, mask, scale, implementation);
+    TPCHECK_CHECK(grads.dq.defined() && grads.dq.shape() == q.shape() && grads.dk.defined() &&
+                      grads.dk.shape() == k.shape() && grads.dv.defined() &&
+                      grads.dv.shape() == v.shape(),
+                  "run_fused_attention_backward of q {} returned dq {}, dk {}, dv {}",
+                  q.describe(), describe_or_undefined(grads.dq), describe_or_undefined(grads.dk),
+                  describe_or_undefined(grads.dv));
+    const std::int64_t bh = dm.b * dm.h;
+    record_fused_product("attn.context/dprobs", dm.s, dm.s, dm.d, bh, false, true, 1.0, t,
+                         implementation);
+    record_fused_product("attn.context/dvalue", dm.s, dm.d, dm.s, bh, true, false, 1.0, t,
+                         implementation);
+    record_fused_product("attn.scores/dquery", dm.s, dm.d, dm.s, bh, false, false, scale, t,
+                         implementation);
+    record_fused_product("attn.scores/dkey", dm.s, dm.d, dm.s, bh, true, false, scale, t,
+                         implementation);
+    return grads;
+  }
   const DType pt = probs_dtype_for(t);
   const Shape probs_shape{dm.b, dm.h, dm.s, dm.s};
   TPCHECK_CHECK_INPUT(saved.probs.defined() && saved.probs.shape() == probs_shape &&
@@ -178,6 +231,22 @@ AttentionGrads Backend::attention_backward(const Tensor& dout, const Tensor& q, 
 
   return {attention_heads_out(dqh, dm.b, dm.h), attention_heads_out(dkh, dm.b, dm.g),
           attention_heads_out(dvh, dm.b, dm.g)};
+}
+
+bool Backend::run_fused_attention_forward(const Tensor&, const Tensor&, const Tensor&,
+                                          const AttentionMask&, double, AttentionForward&,
+                                          std::string&) {
+  return false;
+}
+
+AttentionGrads Backend::run_fused_attention_backward(const Tensor&, const Tensor&, const Tensor&,
+                                                     const Tensor&, const AttentionForward&,
+                                                     const AttentionMask&, double, std::string&) {
+  TPCHECK_CHECK_INPUT(false,
+                      "attention_backward: the saved state comes from a fused forward, which the "
+                      "{} backend does not run; run the backward on the backend of the forward",
+                      name());
+  return {};
 }
 
 }  // namespace tpcheck

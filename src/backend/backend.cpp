@@ -317,4 +317,25 @@ void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_
   state_->ledger.add(std::move(record));
 }
 
+void Backend::record_fused_product(std::string_view site, std::int64_t m, std::int64_t n,
+                                   std::int64_t k, std::int64_t batch, bool trans_a, bool trans_b,
+                                   double alpha, DType dtype, const std::string& implementation) {
+  GemmRecord record;
+  record.site = std::string(site);
+  record.rank = state_->rank;
+  record.m = m;
+  record.n = n;
+  record.k = k;
+  record.batch = batch;
+  record.alpha = alpha;
+  record.trans_a = trans_a;
+  record.trans_b = trans_b;
+  record.a_dtype = record.b_dtype = record.c_dtype = dtype;
+  // The kernel's tensor-core products read their operands in the storage format and
+  // accumulate in f32: the class of a GEMM on those inputs.
+  record.math_class = dtype == DType::kF16 ? MathClass::kFp16 : MathClass::kBf16;
+  record.implementation = implementation;
+  state_->ledger.add(std::move(record));
+}
+
 }  // namespace tpcheck

@@ -33,6 +33,9 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
   TPCHECK_CHECK_INPUT(args.comm == "auto" || args.comm == "emulated" || args.comm == "nccl",
                       "unknown --comm '{}'; expected auto, emulated or nccl", args.comm);
   const CommOrder order = parse_comm_order(args.comm_order);
+  TPCHECK_CHECK_INPUT(args.attention == "unfused" || args.attention == "fused",
+                      "unknown --attention '{}'; expected unfused or fused", args.attention);
+  const bool fused_attention = args.attention == "fused";
 
   const DeviceInfo devices = query_devices();
   std::string backend = args.backend;
@@ -46,6 +49,9 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
   settings.backend = backend;
   ResolvedExecution out;
   if (backend == "cpu") {
+    TPCHECK_CHECK_INPUT(!fused_attention,
+                        "--attention fused runs cuDNN's fused attention on the GPU; the CPU "
+                        "backend has the unfused path only (use --backend cuda)");
     out.execution = cpu_execution();
     out.gemm_rule = cpu_rule;
     settings.environment["communicator"] = out.execution.communicator;
@@ -62,6 +68,8 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
   CudaBackendOptions options;
   options.allow_tf32 = tf32;
   options.impl_mask = impl;
+  options.fused_attention = fused_attention;
+  settings.environment["attention"] = args.attention;
   // (b) One process per rank, started by mpirun or torchrun: this process is one rank.
   if (const std::optional<NcclProcessLaunch> launch = nccl_process_launch_from_env()) {
     TPCHECK_CHECK_INPUT(launch->world == tp,

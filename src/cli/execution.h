@@ -16,6 +16,7 @@ struct ExecutionArgs {
   std::string gemm_impl = "any";    // cuda: any | tensor-core | fma
   std::string comm = "auto";        // cuda: auto | emulated | nccl
   std::string comm_order = "nccl-ring";  // cuda emulated: nccl-ring | rank
+  std::string attention = "unfused";  // cuda: unfused | fused (cuDNN, where it applies)
   std::string inject_failure;       // testing: "RANK@RUN" (inject_failure below), "" = none
 };
 

@@ -30,6 +30,10 @@ void add_case_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option(
       "--comm-order", a.execution.comm_order,
       "cuda emulated collectives: nccl-ring (default: NCCL's ring order and rounding) or rank");
+  cmd->add_option("--attention", a.execution.attention,
+                  "cuda: unfused (default: the reference's unfused rounding points) or fused "
+                  "(cuDNN's flash attention for f16/bf16 with no mask or causal; the others "
+                  "stay unfused, the ledger says which ran)");
   cmd->add_option("--tp", a.tp, "tensor-parallel size (thread ranks on the CPU)");
   // Not in --help: a testing hook for the fault tests (execution.h, inject_failure).
   cmd->add_option("--inject-failure", a.execution.inject_failure,

@@ -161,6 +161,11 @@ USAGE_ERRORS = [
     # A mutation of delayed scaling's code needs that recipe (it would change nothing).
     pytest.param(["--mutate", "amax-not-reduced", "--steps", "2"],
                  ["amax-not-reduced", "--recipe fp8"], id="recipe-mutation-without-recipe"),
+    # --attention: unfused or fused; fused is cuDNN's, on the GPU only.
+    pytest.param(["--attention", "flash"], ["--attention 'flash'", "unfused or fused"],
+                 id="unknown-attention"),
+    pytest.param(["--backend", "cpu", "--attention", "fused"], ["--attention fused", "CPU"],
+                 id="fused-attention-on-cpu"),
 ]
 
 

@@ -7,8 +7,9 @@
 //
 // Ops live one file per op, forward and backward kernels with their host launchers, named
 // like the CPU twins (src/backend/cpu): gemm.cu (cuBLASLt engine), bias.cu, norm.cu,
-// activation.cu, attention.cu, elementwise.cu. Math as the CPU backend: widen exactly,
-// compute in f32 (f64 for f64), round once to the storage dtype where a kernel stores.
+// activation.cu, bias_gelu.cu, attention.cu, elementwise.cu; fused_attention.cpp runs
+// cuDNN's fused attention. Math as the CPU backend: widen exactly, compute in f32 (f64
+// for f64), round once to the storage dtype where a kernel stores.
 // Thread safety: one rank (thread) at a time; the constructor makes the stream current
 // for the constructing thread (the rank thread), so construct it there.
 #pragma once
@@ -57,6 +58,11 @@ class CudaBackend final : public Backend {
   Tensor activation_forward(Activation act, const Tensor& x) override;
   Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override;
 
+  // bias_gelu.cu (one kernel per pass, the composition's bits)
+  Tensor bias_gelu_forward(const Tensor& h, const Tensor& bias) override;
+  Tensor bias_gelu_backward(const Tensor& da, const Tensor& h, const Tensor& bias,
+                            Tensor& dbias) override;
+
   // quantize.cu (quantize_on_gpu)
   std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
                                           std::string_view what) override;
@@ -79,6 +85,15 @@ class CudaBackend final : public Backend {
   Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override;
   Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override;
   Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override;
+
+  // fused_attention.cpp (cuDNN's flash attention, when options_.fused_attention is on)
+  bool run_fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionMask& mask, double scale, AttentionForward& out,
+                                   std::string& implementation) override;
+  AttentionGrads run_fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                              const Tensor& v, const AttentionForward& saved,
+                                              const AttentionMask& mask, double scale,
+                                              std::string& implementation) override;
 
  private:
   CudaBackendOptions options_;
