@@ -3,7 +3,8 @@
 // vs cpu/attention.cpp) and GEMM engines (cuBLASLt vs OpenBLAS), forward (out, probs)
 // and backward (dq, dk, dv), for f64, f32, f16, bf16; masks (none, causal, causal with a
 // left window, sliding windows), GQA and MQA, odd sizes (s, d not multiples of 8, one
-// head, s = 1), s_k above one softmax block (s = 300 > 256 threads), the ledger records
+// head, s = 1), s_k above one softmax block (s = 300 > 256 threads; 2100, held in
+// registers 16 keys a thread; 4200, streamed), the ledger records
 // on both, and the primitives' input checks. Every test skips when no GPU is present.
 //
 // Bounds (norm-wise relative difference, CUDA vs CPU, same GEMM class on both: the f32
@@ -73,6 +74,10 @@ std::vector<Case> cases() {
       {"mqa_h5_g1_sliding_s23_d6", 23, 2, 5, 1, 6, make_mask(T::kSlidingWindow, 4, 1)},
       {"one_head_s1_d3", 1, 3, 1, 1, 3, make_mask(T::kCausal, -1, -1)},
       {"long_row_s300_d16_gqa", 300, 1, 4, 2, 16, make_mask(T::kCausal, -1, -1)},
+      // Rows held in registers, 16 keys a thread (2048 < s ≤ 4096), and rows streamed
+      // (s > 16 · 256): both softmax kernel families.
+      {"cached_row_s2100_d8", 2100, 1, 1, 1, 8, make_mask(T::kNoMask, -1, -1)},
+      {"streamed_row_s4200_d8", 4200, 1, 1, 1, 8, make_mask(T::kCausal, -1, -1)},
   };
 }
 

@@ -23,6 +23,8 @@
 // FMA contraction of the backward's dot product: a few ulp of R per probability.
 // Block reductions: warp shuffles, then the warp partials read in warp order by every
 // thread — deterministic for a given block size (chosen from s_k only).
+// Rows of up to 16 · 256 keys take the *_cached_kernel twins, which hold the row in
+// registers (one read of each input, one write of each output); longer rows stream.
 // Thread safety: kernels on the backend's stream; one rank (thread) at a time.
 #include <cuda_runtime.h>
 
@@ -182,6 +184,75 @@ __global__ void softmax_backward_kernel(T* __restrict__ ds, const T* __restrict_
   }
 }
 
+// The same two softmax kernels with the row held in registers: thread t owns keys t,
+// t + blockDim.x, ..., t + (E − 1)·blockDim.x, so each input is read once and each output
+// written once (the kernels above read the scores twice and write, read and write the
+// probabilities again: ~2.7× the traffic). Same arithmetic per element; the row sums add
+// each thread's E values first, then the block reduction.
+template <typename T, int E>
+__global__ void softmax_forward_cached_kernel(ComputeType<T>* __restrict__ probs,
+                                              const T* __restrict__ scores, long long sq,
+                                              long long sk, MaskArgs mask) {
+  using R = ComputeType<T>;
+  __shared__ R partials[32];
+  const long long row = blockIdx.x;
+  const long long query = row % sq;
+  const T* in = scores + row * sk;
+  R* out = probs + row * sk;
+  R v[E];
+  bool allowed[E];
+  R max = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const long long j = threadIdx.x + static_cast<long long>(e) * blockDim.x;
+    allowed[e] = j < sk && mask_allows(mask, query, j);
+    v[e] = allowed[e] ? to_real(in[j]) : R(0);
+    if (allowed[e]) max = MaxOp{}(max, v[e]);
+  }
+  max = block_reduce(max, MaxOp{}, partials);
+  R sum = 0;
+  if (max != static_cast<R>(-INFINITY)) {  // else no key allowed: the row is all 0
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      v[e] = allowed[e] ? real_exp(v[e] - max) : R(0);
+      sum += v[e];
+    }
+    sum = block_reduce(sum, SumOp{}, partials);
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const long long j = threadIdx.x + static_cast<long long>(e) * blockDim.x;
+    if (j < sk) out[j] = max == static_cast<R>(-INFINITY) ? R(0) : v[e] / sum;
+  }
+}
+
+template <typename T, int E>
+__global__ void softmax_backward_cached_kernel(T* __restrict__ ds, const T* __restrict__ dp,
+                                               const ComputeType<T>* __restrict__ probs,
+                                               long long sk) {
+  using R = ComputeType<T>;
+  __shared__ R partials[32];
+  const long long row = blockIdx.x;
+  const T* dp_row = dp + row * sk;
+  const R* p_row = probs + row * sk;
+  T* ds_row = ds + row * sk;
+  R g[E], p[E];
+  R dot = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const long long j = threadIdx.x + static_cast<long long>(e) * blockDim.x;
+    g[e] = j < sk ? to_real(dp_row[j]) : R(0);
+    p[e] = j < sk ? p_row[j] : R(0);
+    dot += g[e] * p[e];
+  }
+  dot = block_reduce(dot, SumOp{}, partials);
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const long long j = threadIdx.x + static_cast<long long>(e) * blockDim.x;
+    if (j < sk) ds_row[j] = from_real<T>(p[e] * (g[e] - dot));
+  }
+}
+
 // Threads per row for the softmax kernels: s_k rounded up to whole warps, at most 256.
 unsigned row_block(long long sk) {
   long long b = (sk + 31) / 32 * 32;
@@ -189,6 +260,26 @@ unsigned row_block(long long sk) {
   if (b > 256) b = 256;
   return static_cast<unsigned>(b);
 }
+
+// Keys per thread of the cached kernels (a power of two, at most kMaxCached), or 0 when a
+// row is longer than kMaxCached · 256 keys (the streaming kernels then).
+constexpr int kMaxCached = 16;
+int cached_keys_per_thread(long long sk, unsigned block) {
+  for (int e = 1; e <= kMaxCached; e *= 2) {
+    if (sk <= static_cast<long long>(e) * block) return e;
+  }
+  return 0;
+}
+
+// Runs F<E> for the run-time E of cached_keys_per_thread (1, 2, 4, 8, 16).
+#define TPCHECK_DISPATCH_CACHED(e, E, ...)             \
+  switch (e) {                                         \
+    case 1: { constexpr int E = 1; __VA_ARGS__; break; }   \
+    case 2: { constexpr int E = 2; __VA_ARGS__; break; }   \
+    case 4: { constexpr int E = 4; __VA_ARGS__; break; }   \
+    case 8: { constexpr int E = 8; __VA_ARGS__; break; }   \
+    default: { constexpr int E = 16; __VA_ARGS__; break; } \
+  }
 
 std::string describe_or_undefined(const Tensor& t) {
   return t.defined() ? t.describe() : std::string("an undefined tensor");
@@ -256,8 +347,16 @@ Tensor CudaBackend::attention_softmax_forward(const Tensor& scores, const Attent
   const unsigned block = cuda::row_block(sk);
   TPCHECK_DISPATCH_FLOAT(scores.dtype(), "attention_softmax_forward", T, {
     using R = cuda::ComputeType<T>;
-    cuda::softmax_forward_kernel<T><<<static_cast<unsigned>(rows), block, 0, stream_>>>(
-        static_cast<R*>(probs.raw()), static_cast<const T*>(scores.raw()), sq, sk, m);
+    R* out = static_cast<R*>(probs.raw());
+    const T* in = static_cast<const T*>(scores.raw());
+    if (const int e = cuda::cached_keys_per_thread(sk, block); e > 0) {
+      TPCHECK_DISPATCH_CACHED(e, E,
+          cuda::softmax_forward_cached_kernel<T, E>
+              <<<static_cast<unsigned>(rows), block, 0, stream_>>>(out, in, sq, sk, m));
+    } else {
+      cuda::softmax_forward_kernel<T><<<static_cast<unsigned>(rows), block, 0, stream_>>>(
+          out, in, sq, sk, m);
+    }
     TPCHECK_LAUNCH_CHECK();
   });
   return probs;
@@ -279,9 +378,17 @@ Tensor CudaBackend::attention_softmax_backward(const Tensor& dprobs, const Tenso
   const unsigned block = cuda::row_block(sk);
   TPCHECK_DISPATCH_FLOAT(dprobs.dtype(), "attention_softmax_backward", T, {
     using R = cuda::ComputeType<T>;
-    cuda::softmax_backward_kernel<T><<<static_cast<unsigned>(rows), block, 0, stream_>>>(
-        static_cast<T*>(ds.raw()), static_cast<const T*>(dprobs.raw()),
-        static_cast<const R*>(probs.raw()), sk);
+    T* out = static_cast<T*>(ds.raw());
+    const T* dp = static_cast<const T*>(dprobs.raw());
+    const R* p = static_cast<const R*>(probs.raw());
+    if (const int e = cuda::cached_keys_per_thread(sk, block); e > 0) {
+      TPCHECK_DISPATCH_CACHED(e, E,
+          cuda::softmax_backward_cached_kernel<T, E>
+              <<<static_cast<unsigned>(rows), block, 0, stream_>>>(out, dp, p, sk));
+    } else {
+      cuda::softmax_backward_kernel<T><<<static_cast<unsigned>(rows), block, 0, stream_>>>(
+          out, dp, p, sk);
+    }
     TPCHECK_LAUNCH_CHECK();
   });
   return ds;
