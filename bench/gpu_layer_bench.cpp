@@ -5,11 +5,14 @@
 //   gemm      a dense bf16 8192×8192×8192 GEMM through Backend::gemm (cuBLASLt, random
 //             data): the matrix-rate ceiling;
 //   layer     TransformerLayer forward + backward, bf16, TP 1, at hidden H, ffn F, heads A,
-//             seq S, batch B (default 4096 / 16384 / 32 / 2048 / 4): time per step, FLOPs
-//             from the GEMM ledger (Σ 2·m·n·k·batch, attention's products included), the
-//             rate, and the rate as a fraction of the gemm ceiling; then the same layer
-//             under FP8 current scaling (the Linear GEMMs on FP8 operands, quantization
-//             included) and its speed-up over bf16;
+//             seq S, batch B (default 4096 / 16384 / 32 / 2048 / 4), causal: time per
+//             step, FLOPs from the GEMM ledger (Σ 2·m·n·k·batch, attention's products
+//             included, and again with them halved: what a causal mask leaves), the rate,
+//             and the rate as a fraction of the gemm ceiling; with the unfused attention
+//             (the reference's rounding points), with cuDNN's fused attention
+//             (--attention fused), and under FP8 current scaling (the Linear GEMMs on FP8
+//             operands, quantization included) with its speed-up over bf16; then each
+//             attention path's time split by op kind;
 //   quantize  each recipe's GPU quantization of a bf16 8192×8192 tensor (both copies),
 //             bytes moved (input once, each copy once) per second against the copy rate,
 //             and the same with the amax pass's read of the input counted (the kernels'
@@ -24,6 +27,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -54,11 +58,16 @@ double median_seconds(Backend& be, int reps, const std::function<void()>& body) 
   return t[t.size() / 2];
 }
 
-double ledger_flops(const std::vector<GemmRecord>& records, std::size_t from) {
+// Σ 2·m·n·k·batch over records[from..]. halve_attention: attention's products (the
+// batched ones) count half, the FLOPs a causal mask leaves (what flash-attention
+// benchmarks count; the unfused path computes the whole s×s products).
+double ledger_flops(const std::vector<GemmRecord>& records, std::size_t from,
+                    bool halve_attention = false) {
   double f = 0;
   for (std::size_t i = from; i < records.size(); ++i) {
     const GemmRecord& r = records[i];
-    f += 2.0 * r.m * r.n * r.k * r.batch;
+    const double w = halve_attention && r.batch > 1 ? 0.5 : 1.0;
+    f += w * 2.0 * r.m * r.n * r.k * r.batch;
   }
   return f;
 }
@@ -80,6 +89,11 @@ int run(int argc, char** argv) {
   }
   if (argc == 7 || argc == 2) reps = std::atoi(argv[argc - 1]);
   std::unique_ptr<Backend> be = make_cuda_backend();
+  const auto layer_options = [&] {
+    return nlohmann::json{{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
+                          {"num_attention_heads", heads}, {"params_dtype", "bf16"},
+                          {"layernorm_epsilon", 1e-5}};
+  };
   std::printf("device: %s | %s\n", info.description.c_str(), cuda_versions().c_str());
 
   {  // copy bandwidth
@@ -139,51 +153,77 @@ int run(int argc, char** argv) {
                   copy_rate / 1e9, traffic / s / 1e9, 100.0 * traffic / s / copy_rate);
     }
   }
-  double bf16_layer_seconds = 0;
-  for (Recipe recipe : {Recipe::kNone, Recipe::kFp8Current}) {  // the layer
+  // The layer in three configurations, each with a backend of its own: bf16 with the
+  // unfused attention (the reference's rounding points; the headline figure), bf16 with
+  // cuDNN's fused attention (--attention fused), and FP8 current scaling (unfused).
+  struct LayerConfig {
+    const char* name;
+    Recipe recipe;
+    bool fused_attention;
+  };
+  const LayerConfig configs[] = {{"bf16", Recipe::kNone, false},
+                                 {"bf16, fused attention", Recipe::kNone, true},
+                                 {"fp8_cs", Recipe::kFp8Current, false},
+                                 {"fp8_cs, fused attention", Recipe::kFp8Current, true}};
+  // The bf16 layer's time with each attention path: an FP8 layer is compared with the
+  // bf16 layer that has the same attention.
+  double bf16_layer_seconds[2] = {0, 0};
+  for (const LayerConfig& config : configs) {
+    CudaBackendOptions backend_options;
+    backend_options.fused_attention = config.fused_attention;
+    std::unique_ptr<Backend> layer_be = make_cuda_backend(backend_options);
     std::unique_ptr<Communicator> comm = make_single_communicator();
-    ModuleContext ctx{be.get(), comm.get(), 1234};
-    ctx.recipe = recipe;
-    nlohmann::json options = {{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
-                              {"num_attention_heads", heads}, {"params_dtype", "bf16"},
-                              {"layernorm_epsilon", 1e-5}};
-    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", options}, ctx);
+    ModuleContext ctx{layer_be.get(), comm.get(), 1234};
+    ctx.recipe = config.recipe;
+    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", layer_options()}, ctx);
     const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16)
                          .to_device(Device::kCuda);
     const Tensor dy = generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden}, DType::kBF16)
                           .to_device(Device::kCuda);
     std::size_t from = 0;
-    double flops = 0;
-    const double s = median_seconds(*be, reps, [&] {
-      from = be->ledger().records().size();
+    double flops = 0, causal_flops = 0;
+    std::string attention_impl;
+    const double s = median_seconds(*layer_be, reps, [&] {
+      from = layer_be->ledger().records().size();
       layer->forward(x);
       layer->backward(OutputGrads{dy, Tensor(), Tensor()});
-      flops = ledger_flops(be->ledger().records(), from);
+      const std::vector<GemmRecord>& records = layer_be->ledger().records();
+      flops = ledger_flops(records, from);
+      causal_flops = ledger_flops(records, from, /*halve_attention=*/true);
+      for (std::size_t i = from; i < records.size(); ++i) {
+        if (records[i].batch > 1) attention_impl = records[i].implementation;  // attention's
+      }
     });
-    if (recipe == Recipe::kNone) {
-      bf16_layer_seconds = s;
+    if (config.recipe == Recipe::kNone) {
+      bf16_layer_seconds[config.fused_attention] = s;
       std::printf(
-          "layer: TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld batch %lld: "
-          "%.2f ms, %.1f TFLOP (ledger), %.0f TFLOP/s = %.0f%% of the gemm ceiling\n",
-          static_cast<long long>(hidden), static_cast<long long>(ffn), static_cast<long long>(heads),
-          static_cast<long long>(seq), static_cast<long long>(batch), s * 1e3, flops / 1e12,
-          flops / s / 1e12, 100.0 * flops / s / gemm_rate);
+          "layer (%s): TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld batch "
+          "%lld causal: %.2f ms, %.2f TFLOP (ledger) = %.0f TFLOP/s = %.0f%% of the gemm ceiling; "
+          "attention's products counted for the causal half only: %.2f TFLOP = %.0f TFLOP/s = "
+          "%.0f%%; %.2fx the unfused bf16 layer's speed; attention ran as: %s\n",
+          config.name, static_cast<long long>(hidden), static_cast<long long>(ffn),
+          static_cast<long long>(heads), static_cast<long long>(seq), static_cast<long long>(batch),
+          s * 1e3, flops / 1e12, flops / s / 1e12, 100.0 * flops / s / gemm_rate,
+          causal_flops / 1e12, causal_flops / s / 1e12, 100.0 * causal_flops / s / gemm_rate,
+          bf16_layer_seconds[0] / s, attention_impl.c_str());
     } else {
-      std::printf("layer %s: same layer, bf16 activations, Linear GEMMs on FP8 (quantization "
-                  "included): %.2f ms = %.2fx the bf16 layer's speed\n",
-                  std::string(recipe_name(recipe)).c_str(), s * 1e3, bf16_layer_seconds / s);
+      std::printf("layer (%s): same layer, bf16 activations, Linear GEMMs on FP8 (quantization "
+                  "included): %.2f ms = %.2fx the speed of the bf16 layer with the same "
+                  "attention\n",
+                  config.name, s * 1e3, bf16_layer_seconds[config.fused_attention] / s);
     }
   }
-  {  // where the layer's time goes: one more iteration with the device synchronized after
-     // every op (bench::TimedBackend), so each op kind's kernels are timed by themselves
-    auto timed = std::make_unique<bench::TimedBackend>(make_cuda_backend(), /*sync_each_op=*/true);
+  for (const bool fused : {false, true}) {
+    // where the layer's time goes: one more iteration with the device synchronized after
+    // every op (bench::TimedBackend), so each op kind's kernels are timed by themselves
+    CudaBackendOptions backend_options;
+    backend_options.fused_attention = fused;
+    auto timed = std::make_unique<bench::TimedBackend>(make_cuda_backend(backend_options),
+                                                       /*sync_each_op=*/true);
     bench::TimedBackend& tb = *timed;
     std::unique_ptr<Communicator> comm = make_single_communicator();
     ModuleContext ctx{&tb, comm.get(), 1234};
-    nlohmann::json options = {{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
-                              {"num_attention_heads", heads}, {"params_dtype", "bf16"},
-                              {"layernorm_epsilon", 1e-5}};
-    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", options}, ctx);
+    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", layer_options()}, ctx);
     const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16,
                               {}, 0, 1, Device::kCuda);
     const Tensor dy = generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden},
@@ -199,7 +239,9 @@ int run(int argc, char** argv) {
       total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     double ops = 0;
-    std::printf("layer time split (ms, device synchronized after every op; %.2f ms in all):", total * 1e3);
+    std::printf("layer time split (%s attention; ms, device synchronized after every op; %.2f ms "
+                "in all):",
+                fused ? "fused" : "unfused", total * 1e3);
     for (int k = 0; k < static_cast<int>(bench::OpKind::kCount); ++k) {
       const double sec = tb.seconds(static_cast<bench::OpKind>(k));
       ops += sec;

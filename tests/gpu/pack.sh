@@ -5,6 +5,8 @@
 # fmt, gfortran, quadmath). CUDA's runtime is linked statically; cuBLASLt and NCCL come
 # from the machine's own CUDA (same major version).
 #   tests/gpu/pack.sh [build-dir]
+# TPCHECK_PACK_TESTS="cuda_fused_test cuda_ops_test": only these GPU tests (the carry limit
+# holds about four fifths of them with everything else; default: all).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
@@ -13,6 +15,7 @@ rm -rf .devrun && mkdir -p .devrun/lib .devrun/tests .devrun/bench
 strip --strip-debug -o .devrun/tpcheck "$build/tpcheck"
 for src in tests/gpu/*_test.cpp; do
   name="$(basename "$src" .cpp)"
+  [ -n "${TPCHECK_PACK_TESTS:-}" ] && [[ " $TPCHECK_PACK_TESTS " != *" $name "* ]] && continue
   strip -o ".devrun/tests/$name" "$build/tests/$name"
 done
 strip -o .devrun/nccl_process_check "$build/tests/nccl_process_check"
@@ -23,6 +26,6 @@ for lib in libopenblas.so.0 libfmt.so.9 libgfortran.so.5 libquadmath.so.0; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" .devrun/lib/
 done
 # The device tool carries at most 64 MiB: ship one compressed archive (run.sh unpacks it).
-tar -C .devrun -cf - . | gzip -6 >/tmp/tpcheck-devrun.tgz
+tar -C .devrun -cf - . | gzip -9 >/tmp/tpcheck-devrun.tgz
 rm -rf .devrun && mkdir -p .devrun && mv /tmp/tpcheck-devrun.tgz .devrun/devrun.tgz
 du -sh .devrun

@@ -5,7 +5,7 @@
 #
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
-# Stages (default: all): info tests suite badinput mutations recipes bench; also, not in
+# Stages (default: all): info tests suite fused badinput mutations recipes bench; also, not in
 # the default set: recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
 # (stack samples of its TransformerLayer cases), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
@@ -25,8 +25,12 @@ if [ -f "$root/.devrun/devrun.tgz" ] && [ ! -x "$root/.devrun/tpcheck" ]; then
   tar -C "$root/.devrun" -xzf "$root/.devrun/devrun.tgz"
 fi
 export LD_LIBRARY_PATH="$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN for --attention fused (loaded at run time, fused_attention.cpp): the machine's
+# PyTorch ships it as the nvidia-cudnn-cu13 package.
+cudnn_lib="$(python3 -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)"
+[ -d "$cudnn_lib" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn_lib"
 bin="$root/.devrun/tpcheck"
-stages="${*:-info tests suite badinput mutations recipes bench}"
+stages="${*:-info tests suite fused badinput mutations recipes bench}"
 # TPCHECK_GPU_FILTER: a --filter regex for the suite and mutation stages (default: all).
 filter=(); [ -n "${TPCHECK_GPU_FILTER:-}" ] && filter=(--filter "$TPCHECK_GPU_FILTER")
 table="$out/table.md"
@@ -82,6 +86,19 @@ if has suite; then
   done
 fi
 
+# --attention fused (cuDNN's flash attention where it applies): the te suite at TP 1, 2, 4
+# and 8 emulated and the full suite at TP 4, truth on, as the unfused runs above.
+if has fused; then
+  for tp in 1 2 4 8; do
+    timed "te suite, cuda, tp $tp, --attention fused" "te_fused_tp$tp.log" \
+      "$bin" run --backend cuda --suite te --tp "$tp" --attention fused --quiet "${filter[@]}" \
+      --json "$out/te_fused_tp$tp.json"
+  done
+  timed "full suite, cuda, tp 4, --attention fused" full_fused_tp4.log \
+    "$bin" run --backend cuda --suite full --tp 4 --attention fused --quiet "${filter[@]}" \
+    --json "$out/full_fused_tp4.json"
+fi
+
 # expect NAME LOG "RC..." REGEX CMD...: CMD must exit with one of RC (space separated)
 # within 120 s and print a line matching REGEX; the row says whether it did.
 expect() {
@@ -104,6 +121,9 @@ if has badinput; then
     "$bin" run --suite te --backend cuda --tp 2 --gemm-impl fma --filter 'f16|bf16'
   expect "--comm nccl --tp 2 on one GPU" nccl_two_on_one.log "2 3" "GPU" \
     "$bin" run --suite te --backend cuda --comm nccl --tp 2 --filter '^Linear'
+  expect "--attention fused, cuDNN not loadable" fused_no_cudnn.log "2" "could not be loaded" \
+    env TPCHECK_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9 "$bin" run --suite te --backend cuda \
+    --tp 2 --attention fused --filter '^TransformerLayer.sp0.params_dtype=f16$'
 fi
 
 # The cuBLASLt log tools on real logs (issue 10): --query decodes each logged algorithm
