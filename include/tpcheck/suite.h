@@ -107,7 +107,22 @@ struct Execution {
   // group of one) before the rank makes its backend, on the rank's thread — a decorator
   // that records collectives (tpcheck explain). Unset: the communicator as it is.
   std::function<std::unique_ptr<Communicator>(Communicator&)> wrap_communicator;
+  // The unsharded runs (single, truth and its rounding probe) may each run on a thread of
+  // its own while the sharded group runs (each run makes its backend on its thread): set
+  // for GPU executions, where a small case's runs are bound by kernel launches on the
+  // host, not by the device. run_case uses it only for cases of at most
+  // kConcurrentRunsMaxElements input elements (a production-size case keeps the device's
+  // memory to one run at a time). Results do not depend on it: every run has its own
+  // backend and stream.
+  bool concurrent_unsharded_runs = false;
+  // Several small cases (at most kConcurrentRunsMaxElements input elements each) may run
+  // at once, each on a thread of its own (`tpcheck run` keeps up to kCasesInFlight in
+  // flight and reports them in case order): set for GPU ranks emulated in this process,
+  // whose group launcher makes a fresh group per run. A larger case runs alone.
+  bool concurrent_cases = false;
 };
+inline constexpr int kCasesInFlight = 4;
+inline constexpr std::int64_t kConcurrentRunsMaxElements = std::int64_t{1} << 22;
 // The CPU backend with thread ranks (what CI runs).
 Execution cpu_execution();
 

@@ -5,12 +5,15 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <deque>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/explain.h"
@@ -63,9 +66,41 @@ RunOutcome run_suite(const RunArgs& args, bool cpu_gemm_given, std::ostream& con
   print_header(out, settings, cases.size());
   std::vector<CaseResult> results;
   std::vector<CaseRun> runs;  // kept for the HTML report's plots
-  for (const SuiteCase& c : cases) {
-    CaseRun run = run_case(c, config);
-    results.push_back(judge_case(c, a.tp, run, prepared.judge));
+  // Cases run one at a time on this thread, or (Execution::concurrent_cases) up to
+  // kCasesInFlight small ones at once, each on a thread of its own; either way they are
+  // judged, printed and reported in case order. A future of std::async waits for its
+  // case when destroyed, so an error leaves nothing running.
+  struct Pending {
+    std::future<std::pair<CaseRun, CaseResult>> done;
+    bool small = true;
+  };
+  const bool concurrent = config.execution.concurrent_cases;
+  const auto is_small = [&](const SuiteCase& c) {
+    return concurrent && shape_numel(c.input_shape) <= kConcurrentRunsMaxElements;
+  };
+  const auto start = [&](const SuiteCase& c) {
+    const auto work = [&c, &config, &a, &prepared] {
+      CaseRun run = run_case(c, config);
+      CaseResult result = judge_case(c, a.tp, run, prepared.judge);
+      return std::pair<CaseRun, CaseResult>(std::move(run), std::move(result));
+    };
+    return Pending{std::async(concurrent ? std::launch::async : std::launch::deferred, work),
+                   is_small(c)};
+  };
+  std::deque<Pending> window;
+  std::size_t started = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    // Fill the window: small cases up to kCasesInFlight; a large one only into an empty
+    // window, and nothing after it until it is done.
+    while (started < cases.size() && window.size() < static_cast<std::size_t>(kCasesInFlight)) {
+      const bool small = is_small(cases[started]);
+      if (!window.empty() && (!small || !window.back().small)) break;
+      window.push_back(start(cases[started++]));
+      if (!concurrent) break;
+    }
+    auto [run, result] = window.front().done.get();
+    window.pop_front();
+    results.push_back(std::move(result));
     if (html_file.is_open()) runs.push_back(std::move(run));
     if (!a.quiet || !results.back().verdicts[settings.chosen_policy].passed()) {
       print_case(out, results.back(), settings);

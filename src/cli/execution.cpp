@@ -116,6 +116,7 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
                       tp, tp, devices.cuda_devices);
   Execution& e = out.execution;
   e.backend = "cuda";
+  e.concurrent_unsharded_runs = true;
   if (nccl) {
     e.communicator = "nccl (one thread per GPU)";
     e.results_on_host = true;  // rank r's tensors are on GPU r
@@ -133,6 +134,7 @@ ResolvedExecution resolve_execution(const ExecutionArgs& args, int tp, const Gem
     };
   } else {
     e.communicator = TPCHECK_FORMAT("emulated on GPU 0 ({})", comm_order_name(order));
+    e.concurrent_cases = true;  // a fresh device group per run: groups do not share state
     e.make_backend = [options](int) { return make_cuda_backend(options); };
     e.launch_group = [order](int world, const std::function<void(Communicator&)>& body) {
       DeviceGroupOptions group;
@@ -172,6 +174,8 @@ void inject_failure(Execution& execution, const std::string& spec, int tp) {
                       spec, rank, tp, tp - 1);
   TPCHECK_CHECK_INPUT(run >= 1, "--inject-failure '{}': runs are counted from 1", spec);
   auto launches = std::make_shared<std::atomic<long>>(0);
+  // "The RUN-th sharded run" is counted in the order runs start: one case at a time.
+  execution.concurrent_cases = false;
   execution.launch_group = [inner = execution.launch_group, rank, run, launches](
                                int world, const std::function<void(Communicator&)>& body) {
     const long this_run = ++*launches;

@@ -170,6 +170,9 @@ Execution ExplainRecorders::wrap(const Execution& base) {
                       "tpcheck explain runs every rank in this process; under mpirun / torchrun "
                       "use --comm emulated on one GPU (same algorithms, same shapes)");
   Execution e = base;
+  // The recordings are told apart by their order (truth before its probe, both f64 groups
+  // of one): one run at a time.
+  e.concurrent_unsharded_runs = false;
   e.wrap_communicator = [this](Communicator& comm) -> std::unique_ptr<Communicator> {
     auto recording = std::make_shared<Recording>();
     recording->rank = comm.rank();

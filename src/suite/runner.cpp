@@ -12,6 +12,7 @@
 // global output, as the reference suite does with its differentiable gather; the
 // runner's own gathers are never mutated.
 #include <chrono>
+#include <future>
 #include <string_view>
 #include <vector>
 
@@ -321,6 +322,10 @@ void check_case(const SuiteCase& c, const RunConfig& config) {
   make_layer(LayerSpec{c.module, c.options}, sharded_ctx);
 }
 
+// The rounding probe's relative perturbation: small enough for first order, far above
+// f64 rounding (2⁻⁵²).
+constexpr double kProbeU = 0x1.0p-30;
+
 CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   const auto start = std::chrono::steady_clock::now();
 
@@ -331,46 +336,64 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   const Execution& ex = config.execution;
   const int steps = config.steps;
   TPCHECK_CHECK_INPUT(steps >= 1, "case {}: {} training steps; expected at least 1", c.id, steps);
-  RankResult single = run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.recipe,
-                                    steps, config.seed, ex, &layouts);
-
   nlohmann::json truth_options = unsharded;
   truth_options["params_dtype"] = "f64";
   RankResult truth, probed;
-  if (config.skip_truth) {
-    for (RankResult* r : {&truth, &probed}) {
-      r->steps.resize(steps);
-      for (StepOutputs& o : r->steps) o.gradients.resize(layouts.param_names.size());
-    }
-  } else {
-    // Truth never quantizes: it is the exact computation the recipes approximate. It
-    // trains the same steps (in f64).
-    truth = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
-                          config.seed, ex, nullptr);
-  }
-
   // The rounding probe: the truth run once more with every stored intermediate perturbed
   // by a relative kProbeU (ScopedRoundingProbe); (probed − truth) / kProbeU is each
   // tensor's sensitivity to one rounding of everything it was computed from — the truth
-  // policy's cancellation floor. kProbeU is small enough for first order and far above
-  // f64 rounding (2⁻⁵²).
-  constexpr double kProbeU = 0x1.0p-30;
-  // On the CPU the backend perturbs its own f64 stores (ScopedRoundingProbe); other
-  // backends' kernels cannot see that, so there the probe decorates the backend
-  // (make_rounding_probe_backend) and the probed run stays on the case's device.
-  // skip_truth: neither (truth and probed hold empty gradients, above).
-  if (config.skip_truth) {
-  } else if (ex.backend == "cpu") {
-    ScopedRoundingProbe probe(kProbeU, config.seed);
-    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
+  // policy's cancellation floor (kProbeU: see its definition above).
+  // Truth never quantizes: it is the exact computation the recipes approximate. It
+  // trains the same steps (in f64).
+  const auto run_truth = [&] {
+    return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
+                         config.seed, ex, nullptr);
+  };
+  // On the CPU the backend perturbs its own f64 stores (ScopedRoundingProbe, on the
+  // calling thread); other backends' kernels cannot see that, so there the probe
+  // decorates the backend (make_rounding_probe_backend) and the probed run stays on the
+  // case's device.
+  const auto run_probed = [&] {
+    if (ex.backend == "cpu") {
+      ScopedRoundingProbe probe(kProbeU, config.seed);
+      return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
                            config.seed, cpu_execution(), nullptr);
-  } else {
+    }
     Execution probe_ex = ex;
     probe_ex.make_backend = [&ex, seed = config.seed](int rank) {
       return make_rounding_probe_backend(ex.make_backend(rank), kProbeU, seed);
     };
-    probed = run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
-                           config.seed, probe_ex, nullptr);
+    return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
+                         config.seed, probe_ex, nullptr);
+  };
+  const auto run_single = [&] {
+    return run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.recipe, steps,
+                         config.seed, ex, &layouts);
+  };
+  // The three unsharded runs one after the other here, or (Execution::
+  // concurrent_unsharded_runs, small cases) each on a thread of its own from here on while
+  // this thread runs the sharded group, collected after it. A future of std::async waits
+  // for its task when destroyed, so an exception leaves no thread running on this
+  // frame's variables.
+  const bool concurrent = ex.concurrent_unsharded_runs && !config.skip_truth &&
+                          shape_numel(c.input_shape) <= kConcurrentRunsMaxElements;
+  RankResult single;
+  std::future<RankResult> single_future, truth_future, probed_future;
+  if (concurrent) {
+    single_future = std::async(std::launch::async, run_single);
+    truth_future = std::async(std::launch::async, run_truth);
+    probed_future = std::async(std::launch::async, run_probed);
+  } else {
+    single = run_single();
+    if (config.skip_truth) {
+      for (RankResult* r : {&truth, &probed}) {
+        r->steps.resize(steps);
+        for (StepOutputs& o : r->steps) o.gradients.resize(layouts.param_names.size());
+      }
+    } else {
+      truth = run_truth();
+      probed = run_probed();
+    }
   }
   // n = (probed − truth) / kProbeU, on the device the runs' results are on: the
   // subtraction rounds once in f64 and the division by a power of two is exact, so the
@@ -380,7 +403,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
     const bool on_host = ex.backend == "cpu" || ex.results_on_host;
     arithmetic = on_host ? make_cpu_backend() : ex.make_backend(0);
   }
-  auto noise_of = [&arithmetic, kProbeU](const Tensor& p, const Tensor& t) {
+  auto noise_of = [&arithmetic](const Tensor& p, const Tensor& t) {
     if (!t.defined()) return Tensor();
     return arithmetic->scale(arithmetic->add(p, arithmetic->scale(t, -1.0)), 1.0 / kProbeU);
   };
@@ -395,6 +418,12 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
       share_results(comm, ex.backend == "cuda" ? Device::kCuda : Device::kCpu, ranks);
     }
   });
+
+  if (concurrent) {
+    single = single_future.get();
+    truth = truth_future.get();
+    probed = probed_future.get();
+  }
 
   TPCHECK_CHECK(sharded_layouts.param_names == layouts.param_names,
                 "case {}: sharded and single layers have different parameters ({} vs {})", c.id,

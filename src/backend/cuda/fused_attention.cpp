@@ -271,8 +271,8 @@ std::shared_ptr<FusedGraph> graph_for(CudnnDevice& dev, const std::string& key, 
 }
 
 // Enqueues `graph` on the calling rank's stream with the pointers of `pack`.
-void execute(CudnnDevice& dev, const FusedGraph& graph, std::unordered_map<std::int64_t, void*>& pack,
-             const std::string& key) {
+void execute(CudnnDevice& dev, const FusedGraph& graph,
+             std::unordered_map<std::int64_t, void*>& pack, const std::string& key) {
   std::shared_ptr<std::byte> workspace;
   if (graph.workspace > 0) {
     workspace = install_cuda_runtime().allocate(static_cast<std::size_t>(graph.workspace));
