@@ -262,7 +262,7 @@ class Backend {
   //             tensor, rounded once to dbias's dtype).
   // h, da [.., n]; bias [n] any kernel dtype, or undefined (no bias: pre = h; dbias is
   // then not touched). The defaults compose to(), add_bias(), activation_*() and
-  // accumulate_bias_grad() (backend.cpp); a backend may fuse them into one kernel with
+  // accumulate_bias_grad() (src/backend/bias_gelu.cpp); a backend may fuse them into one kernel with
   // the same roundings and the same summation order, i.e. the same bits. Decorators
   // (BackendWrapper) keep the composition, so they see its parts.
   virtual Tensor bias_gelu_forward(const Tensor& h, const Tensor& bias);
@@ -284,7 +284,8 @@ class Backend {
   // the context product, O, dP, dS and the per-head dQ, dK, dV are stored in q's dtype;
   // the softmax and its backward compute in f32 (f64), and `probs` is saved in f32 (f64).
   // Fused: when the backend's engine takes the problem (run_fused_attention_forward: the
-  // CUDA backend with fused_attention on, f16 / bf16, no mask or causal), one library
+  // CUDA backend with fused_attention on; f16 / bf16, no mask or causal, head dim a
+  // multiple of 8 up to 256), one library
   // call per pass computes it (flash attention: no s×s tensor is stored, P is rounded to
   // q's dtype before the context product inside the kernel, the softmax runs online in
   // f32); the ledger gets the same sites, shapes and math class, with the engine's

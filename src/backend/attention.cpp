@@ -28,6 +28,11 @@
 //   dq = heads_out(dQh); dk, dv = heads_out(dKh, dVh) summed over each group's h / g
 //   heads in R, rounded once to T.
 //
+// Fused: both functions first offer the problem to the backend's fused engine
+// (run_fused_attention_forward / _backward: cuDNN's flash attention on the CUDA backend with
+// --attention fused) and, when it takes it, record the same six sites with its
+// implementation text; the composition below runs otherwise.
+//
 // Rounding points: those of TransformerEngine's unfused attention
 // (UnfusedDotProductAttention: baddbmm for S with alpha = scale, FusedScaleMaskSoftmax,
 // bmm for O; their autograd for the backward), the path the reference takes for f32.
