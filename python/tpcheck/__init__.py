@@ -277,11 +277,11 @@ def run(suite: str = "te", tp: int = 4, backend: str = "auto", *, filter: str = 
         atol: Optional[float] = None, hidden: Optional[int] = None, ffn: Optional[int] = None,
         heads: Optional[int] = None, seq: Optional[int] = None, batch: Optional[int] = None,
         json: Optional[str] = None, quiet: bool = True, echo: bool = False,
-        recipe: str = "none", steps: int = 1) -> dict[str, Any]:
+        recipe: str = "none", steps: int = 1, attention: str = "unfused") -> dict[str, Any]:
     """Runs a suite as `tpcheck run` does (same options, same code) and returns its report
     as the JSON has it (schema tpcheck.run/1). `echo` prints the console report. `steps`
     is `--steps`: an int >= 1 (anything else is refused with the value named, as the CLI
-    does). Under torchrun (one process per rank, backend cuda) the NCCL id goes through
+    does). `attention` is `--attention` (unfused, or fused: cuDNN's on the GPU). Under torchrun (one process per rank, backend cuda) the NCCL id goes through
     the process group's store; ranks other than 0 return the report too (rank 0 alone
     prints and writes `json`)."""
     if isinstance(steps, bool) or not isinstance(steps, int):
@@ -291,7 +291,7 @@ def run(suite: str = "te", tp: int = 4, backend: str = "auto", *, filter: str = 
     report, console, _passed, _failed, _reports = _tpcheck.run(
         suite, int(tp), backend, filter, policy, int(seed), mutate, cpu_gemm, tf32, gemm_impl,
         comm, comm_order, rtol, atol, hidden, ffn, heads, seq, batch, json or "", quiet, recipe,
-        str(steps))
+        str(steps), attention)
     if echo and console:
         print(console, end="", flush=True)
     return _json.loads(report)

@@ -246,7 +246,7 @@ std::tuple<std::string, std::string, int, int, bool> run(
     std::optional<double> atol, std::optional<std::int64_t> hidden, std::optional<std::int64_t> ffn,
     std::optional<std::int64_t> heads, std::optional<std::int64_t> seq,
     std::optional<std::int64_t> batch, const std::string& json_path, bool quiet,
-    const std::string& recipe, const std::string& steps) {
+    const std::string& recipe, const std::string& steps, const std::string& attention) {
   RunArgs a;
   a.suite = suite;
   a.tp = tp;
@@ -255,6 +255,7 @@ std::tuple<std::string, std::string, int, int, bool> run(
   a.execution.gemm_impl = gemm_impl;
   a.execution.comm = comm;
   a.execution.comm_order = comm_order;
+  a.execution.attention = attention;
   a.filter = filter;
   a.policy = policy;
   a.seed = seed;
@@ -379,6 +380,7 @@ NB_MODULE(_tpcheck, m) {
         "cpu_gemm"_a.none(), "tf32"_a, "gemm_impl"_a, "comm"_a, "comm_order"_a, "rtol"_a.none(),
         "atol"_a.none(), "hidden"_a.none(), "ffn"_a.none(), "heads"_a.none(), "seq"_a.none(),
         "batch"_a.none(), "json_path"_a, "quiet"_a, "recipe"_a = "none", "steps"_a = "1",
+        "attention"_a = "unfused",
         "Runs a suite; returns (report JSON, console text, passed, failed, reports).");
   m.def("main", &main, "argv"_a, "The tpcheck command line; returns its exit code.");
   m.def("make_nccl_id", &make_nccl_id_bytes, "A fresh NCCL unique id (128 bytes).");

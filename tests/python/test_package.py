@@ -417,6 +417,11 @@ def test_run_with_steps_forwards_them(tmp_path):
 
 
 def test_run_and_main_errors():
+    # --attention: checked like the CLI's (fused is the GPU's; unknown values named).
+    with pytest.raises(ValueError, match="--attention fused"):
+        tpcheck.run(suite="te", tp=2, backend="cpu", attention="fused")
+    with pytest.raises(ValueError, match="--attention 'flash'"):
+        tpcheck.run(suite="te", tp=2, backend="cpu", attention="flash")
     with pytest.raises(ValueError, match="--tp must be between 1 and 64, got 0"):
         tpcheck.run(tp=0, backend="cpu")
     with pytest.raises(ValueError, match="unknown suite|suite 'nope'"):
