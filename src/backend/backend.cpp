@@ -8,6 +8,7 @@
 #include <climits>
 #include <string>
 
+#include "backend/gemm_record_stamp.h"
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/error.h"
 
@@ -297,14 +298,7 @@ void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_
     p.col.stride_d = m * n;
   }
 
-  GemmRecord record;
-  record.site = std::string(site);
-  record.rank = state_->rank;
-  record.m = m;
-  record.n = n;
-  record.k = k;
-  record.trans_a = trans_a;
-  record.trans_b = trans_b;
+  GemmRecord record = stamped_gemm_record(site, state_->rank, m, n, k, trans_a, trans_b);
   record.accumulate = accumulate;
   record.a_dtype = a.dtype();
   record.b_dtype = b.dtype();
@@ -320,16 +314,9 @@ void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_
 void Backend::record_fused_product(std::string_view site, std::int64_t m, std::int64_t n,
                                    std::int64_t k, std::int64_t batch, bool trans_a, bool trans_b,
                                    double alpha, DType dtype, const std::string& implementation) {
-  GemmRecord record;
-  record.site = std::string(site);
-  record.rank = state_->rank;
-  record.m = m;
-  record.n = n;
-  record.k = k;
+  GemmRecord record = stamped_gemm_record(site, state_->rank, m, n, k, trans_a, trans_b);
   record.batch = batch;
   record.alpha = alpha;
-  record.trans_a = trans_a;
-  record.trans_b = trans_b;
   record.a_dtype = record.b_dtype = record.c_dtype = dtype;
   // The kernel's tensor-core products read their operands in the storage format and
   // accumulate in f32: the class of a GEMM on those inputs.

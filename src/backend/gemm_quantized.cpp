@@ -5,6 +5,7 @@
 // Thread safety: as Backend (one rank at a time).
 #include <string>
 
+#include "backend/gemm_record_stamp.h"
 #include "tpcheck/backend.h"
 #include "tpcheck/error.h"
 #include "tpcheck/quant.h"
@@ -129,14 +130,7 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
                                static_cast<float>(qb.global_amax.at(0)));
   }
 
-  GemmRecord record;
-  record.site = std::string(site);
-  record.rank = state_->rank;
-  record.m = m;
-  record.n = n;
-  record.k = k;
-  record.trans_a = trans_a;
-  record.trans_b = trans_b;
+  GemmRecord record = stamped_gemm_record(site, state_->rank, m, n, k, trans_a, trans_b);
   record.accumulate = accumulate;
   record.a_dtype = qa.format;
   record.b_dtype = qb.format;
