@@ -243,7 +243,11 @@ TEST_F(CudaOps, NormForwardAndBackwardMatchCpu) {
         std::vector<DType> params = {dtype};
         if (dtype == DType::kF16 || dtype == DType::kBF16) params.push_back(DType::kF32);
         for (DType param : params) {
-          for (const Shape& shape : {Shape{37, 200}, Shape{37, 4096}, Shape{4, 250, 101}}) {
+          // norm.cu's held rows: 200 and 4096 (one and two 16-byte vectors a thread),
+          // 12288 (four for 2-byte types); the element loop: 101 (odd), f64, f32 params
+          // next to f16/bf16 x.
+          for (const Shape& shape :
+               {Shape{37, 200}, Shape{37, 4096}, Shape{5, 12288}, Shape{4, 250, 101}}) {
             for (std::uint64_t seed : kSeeds) {
               const std::string what = label(norm_kind_name(kind), shape, dtype, seed) +
                                        (zc ? " zero_centered" : "") + " params " +

@@ -5,7 +5,9 @@
 //   1. column_partials_kernel: block (column tile of 32, row chunk c) sums its chunk's rows
 //      for its 32 columns (8 row lanes, each summing rows lane, lane + 8, ... in order;
 //      then the 8 lane sums in lane order) into partials[c, term, col]. A warp reads 32
-//      consecutive columns of one row: coalesced.
+//      consecutive columns of one row. column_partials_vec_kernel does the same sums with
+//      V columns a thread and 16-byte loads (f32 math on f32/f16/bf16 inputs whose rows
+//      allow it): the same order per column, the same bits.
 //   2. column_accumulate_kernel: param[j] += Σ_c partials[c, term, j] (chunks in order),
 //      added in f64 when param or the math type is f64 (else f32) and rounded once to
 //      param's dtype — the CPU's accumulate_param rule.
@@ -21,6 +23,9 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
@@ -78,6 +83,73 @@ __global__ void __launch_bounds__(kColumnTile* kRowLanes)
       Real s = Real(0);
       for (int k = 0; k < kRowLanes; ++k) s += lane_sums[c][k][threadIdx.x];
       partials[(static_cast<long long>(blockIdx.y) * kCount + c) * n + col] = s;
+    }
+  }
+}
+
+// The same partial sums with V consecutive columns a thread, read as one 16-byte access of
+// T (dy, and x for the norm terms, both of storage type T): thread (x, lane) owns columns
+// c0 + x·V ... + V − 1 and sums each over rows first + lane, first + lane + kRowLanes, ...
+// in order, then the lane sums in lane order — per column exactly column_partials_kernel's
+// order and arithmetic, so the partials (and pass 2's result) have the same bits, with a
+// warp reading 512 contiguous bytes of a row instead of 32 scattered elements.
+// REQUIRES: V divides n; dy and x aligned to V·sizeof(T).
+template <typename T, ColumnTerms kTerms, int V>
+__global__ void __launch_bounds__(kColumnTile* kRowLanes)
+    column_partials_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                               float* __restrict__ partials, long long rows, long long n,
+                               long long chunk_rows) {
+  constexpr int kCount = column_term_count(kTerms);
+  struct alignas(sizeof(T) * V) Pack {
+    T v[V];
+  };
+  __shared__ float lane_sums[kCount][kRowLanes][kColumnTile * V];
+  const long long c0 = static_cast<long long>(blockIdx.x) * kColumnTile * V + threadIdx.x * V;
+  const long long first = static_cast<long long>(blockIdx.y) * chunk_rows;
+  const long long last = first + chunk_rows < rows ? first + chunk_rows : rows;
+  float acc[kCount][V];
+#pragma unroll
+  for (int c = 0; c < kCount; ++c) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[c][e] = 0.0f;
+  }
+  if (c0 < n) {
+    for (long long r = first + threadIdx.y; r < last; r += kRowLanes) {
+      const long long i = r * n + c0;
+      const Pack g = *reinterpret_cast<const Pack*>(dy + i);
+      if constexpr (kTerms == ColumnTerms::kSum) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[0][e] += to_real(g.v[e]);
+      } else {
+        const float mu = kTerms == ColumnTerms::kNormScaleShift ? mean[r] : 0.0f;
+        const float rs = rstd[r];
+        const Pack xv = *reinterpret_cast<const Pack*>(x + i);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float ge = to_real(g.v[e]);
+          const float xhat = (to_real(xv.v[e]) - mu) * rs;
+          acc[0][e] += ge * xhat;
+          if constexpr (kCount == 2) acc[1][e] += ge;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCount; ++c) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) lane_sums[c][threadIdx.y][threadIdx.x * V + e] = acc[c][e];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && c0 < n) {
+#pragma unroll
+    for (int c = 0; c < kCount; ++c) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        float sum = 0.0f;
+        for (int k = 0; k < kRowLanes; ++k) sum += lane_sums[c][k][threadIdx.x * V + e];
+        partials[(static_cast<long long>(blockIdx.y) * kCount + c) * n + c0 + e] = sum;
+      }
     }
   }
 }
@@ -146,8 +218,57 @@ class ColumnReduce {
   }
 
  private:
+  // The vectorized pass 1 (column_partials_vec_kernel) for f32 math on dy (and x) of one
+  // storage type T, when V divides n and the rows are 16-byte aligned; false otherwise.
+  template <typename T>
+  bool launch_vectorized(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                         const Tensor& rstd) {
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const bool norm = terms_ != ColumnTerms::kSum;
+    if (n_ % V != 0 || reinterpret_cast<std::uintptr_t>(dy.raw()) % 16 != 0) return false;
+    if (norm && (x.dtype() != dy.dtype() || reinterpret_cast<std::uintptr_t>(x.raw()) % 16 != 0)) {
+      return false;
+    }
+    const dim3 block(kColumnTile, kRowLanes);
+    const long long tile = static_cast<long long>(kColumnTile) * V;
+    const dim3 grid(static_cast<unsigned>((n_ + tile - 1) / tile), static_cast<unsigned>(chunks_));
+    const auto* dy_p = static_cast<const T*>(dy.raw());
+    const auto* x_p = norm ? static_cast<const T*>(x.raw()) : nullptr;
+    const float* mean_p = mean.defined() ? static_cast<const float*>(mean.raw()) : nullptr;
+    const float* rstd_p = rstd.defined() ? static_cast<const float*>(rstd.raw()) : nullptr;
+    auto* out = static_cast<float*>(partials_.raw());
+    switch (terms_) {
+      case ColumnTerms::kSum:
+        column_partials_vec_kernel<T, ColumnTerms::kSum, V><<<grid, block, 0, current_stream()>>>(
+            dy_p, x_p, mean_p, rstd_p, out, rows_, n_, chunk_rows_);
+        break;
+      case ColumnTerms::kNormScale:
+        column_partials_vec_kernel<T, ColumnTerms::kNormScale, V>
+            <<<grid, block, 0, current_stream()>>>(dy_p, x_p, mean_p, rstd_p, out, rows_, n_,
+                                                   chunk_rows_);
+        break;
+      case ColumnTerms::kNormScaleShift:
+        column_partials_vec_kernel<T, ColumnTerms::kNormScaleShift, V>
+            <<<grid, block, 0, current_stream()>>>(dy_p, x_p, mean_p, rstd_p, out, rows_, n_,
+                                                   chunk_rows_);
+        break;
+    }
+    TPCHECK_LAUNCH_CHECK();
+    return true;
+  }
+
   template <typename Real>
   void launch(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd) {
+    if constexpr (std::is_same_v<Real, float>) {
+      bool done = false;
+      switch (dy.dtype()) {
+        case DType::kF32: done = launch_vectorized<float>(dy, x, mean, rstd); break;
+        case DType::kF16: done = launch_vectorized<__half>(dy, x, mean, rstd); break;
+        case DType::kBF16: done = launch_vectorized<__nv_bfloat16>(dy, x, mean, rstd); break;
+        default: break;
+      }
+      if (done) return;
+    }
     const dim3 block(kColumnTile, kRowLanes);
     const dim3 grid(static_cast<unsigned>((n_ + kColumnTile - 1) / kColumnTile),
                     static_cast<unsigned>(chunks_));

@@ -22,6 +22,21 @@ namespace tpcheck::cuda {
 template <typename T>
 using ComputeType = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+// The DType of storage type T.
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, double>) {
+    return DType::kF64;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return DType::kF32;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return DType::kF16;
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "a kernel storage type");
+    return DType::kBF16;
+  }
+}
+
 // Exact widening.
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

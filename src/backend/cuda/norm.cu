@@ -13,14 +13,26 @@
 // column reduction (column_reduce.cuh) and rounded once into their own dtype.
 //
 // Kernels: one block per row (forward: two-pass mean and variance, as the CPU; backward
-// dx: the row sums Σg and Σg·x̂ by block_sum), a warp reading consecutive elements
-// (coalesced); block reductions have a fixed order, so every result is bit-reproducible.
+// dx: the row sums Σg and Σg·x̂ by block_sum); block reductions have a fixed order, so
+// every result is bit-reproducible. Two variants of each:
+//   held rows (the common case: f32/f16/bf16 x with gamma and beta of x's dtype, dy of
+//     x's dtype, n a multiple of V = 16 / sizeof(T) up to 4·512·V, 16-byte aligned
+//     buffers): each thread loads K vectors of V elements once (16-byte loads) and keeps
+//     them in registers for both passes and the output — x read once, y written once;
+//   element loop (everything else: f64, odd n, other dtypes, views off 16 bytes): a warp
+//     reads consecutive elements, x read again from L1/L2 for each pass.
+// The two sum a row in different orders (each a function of n and the dtype only), so
+// their bits differ in the last place; one shape always takes the same variant.
 //
 // Buffers (rows = numel / n, Real = the math type):
 //   x, y, dx   [rows, n]  T = x's storage type    dy [rows, n] any kernel dtype
 //   gamma, beta, dgamma, dbeta [n] any kernel dtype
 //   mean, rstd [rows] Real (a saved statistic of another dtype is cast to Real first)
 // Thread safety: see cuda_backend.h.
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
 #include "backend/cuda/column_reduce.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -114,6 +126,184 @@ __global__ void norm_backward_kernel(const void* __restrict__ dy, DType dy_dtype
   }
 }
 
+// ---- held rows --------------------------------------------------------------------------
+
+// V elements of T in one 16-byte access.
+template <typename T>
+constexpr int kHeldV = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+struct alignas(16) HeldPack {
+  T v[kHeldV<T>];
+};
+
+// Thread t of the row's block holds vectors t, t + blockDim.x, ... (K of them; those past
+// the row's end are zeros and masked out), so a warp's loads are consecutive 16-byte words.
+constexpr int kHeldMaxThreads = 512;
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kHeldMaxThreads) norm_forward_held_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
+                                         const T* __restrict__ beta, T* __restrict__ y,
+                                         float* __restrict__ mean_out,
+                                         float* __restrict__ rstd_out, long long n, float eps,
+                                         bool layer_norm, bool zero_centered) {
+  constexpr int V = kHeldV<T>;
+  __shared__ float scratch[32];
+  const long long row = blockIdx.x;
+  const long long vectors = n / V;
+  const auto* xr = reinterpret_cast<const HeldPack<T>*>(x + row * n);
+  auto* yr = reinterpret_cast<HeldPack<T>*>(y + row * n);
+  float v[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const long long idx = threadIdx.x + static_cast<long long>(k) * blockDim.x;
+    if (idx < vectors) {
+      const HeldPack<T> p = xr[idx];
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[k][e] = to_real(p.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[k][e] = 0.0f;
+    }
+  }
+  float mu = 0.0f;
+  if (layer_norm) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) sum += v[k][e];
+    }
+    mu = block_sum(sum, scratch) / static_cast<float>(n);
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const long long idx = threadIdx.x + static_cast<long long>(k) * blockDim.x;
+    if (idx < vectors) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = v[k][e] - mu;
+        sq += d * d;
+      }
+    }
+  }
+  const float rs = 1.0f / real_sqrt(block_sum(sq, scratch) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const long long idx = threadIdx.x + static_cast<long long>(k) * blockDim.x;
+    if (idx >= vectors) continue;
+    const HeldPack<T> g = reinterpret_cast<const HeldPack<T>*>(gamma)[idx];
+    HeldPack<T> b{};
+    if (layer_norm) b = reinterpret_cast<const HeldPack<T>*>(beta)[idx];
+    HeldPack<T> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float s = zero_centered ? to_real(g.v[e]) + 1.0f : to_real(g.v[e]);
+      float r = (v[k][e] - mu) * rs * s;
+      if (layer_norm) r += to_real(b.v[e]);
+      out.v[e] = from_real<T>(r);
+    }
+    yr[idx] = out;
+  }
+  if (threadIdx.x == 0) {
+    if (layer_norm) mean_out[row] = mu;
+    rstd_out[row] = rs;
+  }
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kHeldMaxThreads) norm_backward_held_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                          const T* __restrict__ gamma,
+                                          const float* __restrict__ mean,
+                                          const float* __restrict__ rstd, T* __restrict__ dx,
+                                          long long n, bool layer_norm, bool zero_centered) {
+  constexpr int V = kHeldV<T>;
+  __shared__ float scratch[32];
+  const long long row = blockIdx.x;
+  const long long vectors = n / V;
+  const float mu = layer_norm ? mean[row] : 0.0f;
+  const float rs = rstd[row];
+  const auto* xr = reinterpret_cast<const HeldPack<T>*>(x + row * n);
+  const auto* dyr = reinterpret_cast<const HeldPack<T>*>(dy + row * n);
+  float xhat[K][V], g[K][V];
+  float g_sum = 0.0f, gx_sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const long long idx = threadIdx.x + static_cast<long long>(k) * blockDim.x;
+    if (idx < vectors) {
+      const HeldPack<T> xp = xr[idx], dp = dyr[idx];
+      const HeldPack<T> gp = reinterpret_cast<const HeldPack<T>*>(gamma)[idx];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float s = zero_centered ? to_real(gp.v[e]) + 1.0f : to_real(gp.v[e]);
+        xhat[k][e] = (to_real(xp.v[e]) - mu) * rs;
+        g[k][e] = to_real(dp.v[e]) * s;
+        g_sum += g[k][e];
+        gx_sum += g[k][e] * xhat[k][e];
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) xhat[k][e] = g[k][e] = 0.0f;
+    }
+  }
+  g_sum = block_sum(g_sum, scratch);
+  gx_sum = block_sum(gx_sum, scratch);
+  const float g_mean = layer_norm ? g_sum / static_cast<float>(n) : 0.0f;
+  const float gx_mean = gx_sum / static_cast<float>(n);
+  auto* dxr = reinterpret_cast<HeldPack<T>*>(dx + row * n);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const long long idx = threadIdx.x + static_cast<long long>(k) * blockDim.x;
+    if (idx >= vectors) continue;
+    HeldPack<T> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out.v[e] = from_real<T>(rs * (g[k][e] - g_mean - xhat[k][e] * gx_mean));
+    }
+    dxr[idx] = out;
+  }
+}
+
+// The held-rows shape of a row of n elements: K vectors a thread and `threads` threads (a
+// multiple of 32, at most 512), or K = 0 when the row does not fit (n > 4 · 512 · V:
+// 16384 bf16 elements). K stops at 4: the backward holds 2·K·V floats a thread, and at
+// K = 8 (168 registers for bf16) 512 threads would not fit an SM's register file.
+struct HeldShape {
+  int k = 0;
+  unsigned threads = 0;
+};
+
+template <typename T>
+HeldShape held_shape(long long n) {
+  const long long vectors = n / kHeldV<T>;
+  for (int k : {1, 2, 4}) {
+    const long long threads = ((vectors + k - 1) / k + 31) / 32 * 32;
+    if (threads <= kHeldMaxThreads) return {k, static_cast<unsigned>(threads)};
+  }
+  return {};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Whether the held-rows kernels take this norm (the file comment's conditions).
+template <typename T>
+bool takes_held_rows(long long n, std::initializer_list<const Tensor*> same_dtype,
+                     std::initializer_list<const void*> pointers) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    if (n % kHeldV<T> != 0 || held_shape<T>(n).k == 0) return false;
+    for (const Tensor* t : same_dtype) {
+      if (t->dtype() != dtype_of<T>()) return false;
+    }
+    for (const void* p : pointers) {
+      if (!aligned16(p)) return false;
+    }
+    return true;
+  }
+}
+
 template <typename T>
 void launch_norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                          double eps, bool zero_centered, NormForward& out) {
@@ -122,11 +312,37 @@ void launch_norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, co
   const long long rows = x.numel() / n;
   const bool layer_norm = kind == NormKind::kLayerNorm;
   TPCHECK_CHECK(rows <= 0x7fffffffLL, "norm_forward: {} rows exceed the grid limit", rows);
+  Real* mean = layer_norm ? static_cast<Real*>(out.mean.raw()) : nullptr;
+  Real* rstd = static_cast<Real*>(out.rstd.raw());
+  if constexpr (!std::is_same_v<T, double>) {
+    const bool held =
+        layer_norm
+            ? takes_held_rows<T>(n, {&gamma, &beta}, {x.raw(), out.y.raw(), gamma.raw(), beta.raw()})
+            : takes_held_rows<T>(n, {&gamma}, {x.raw(), out.y.raw(), gamma.raw()});
+    if (held) {
+      const HeldShape shape = held_shape<T>(n);
+      const auto* xp = static_cast<const T*>(x.raw());
+      const auto* gp = static_cast<const T*>(gamma.raw());
+      const auto* bp = layer_norm ? static_cast<const T*>(beta.raw()) : nullptr;
+      auto* yp = static_cast<T*>(out.y.raw());
+      const auto grid = static_cast<unsigned>(rows);
+      const auto e = static_cast<float>(eps);
+      const auto launch = [&](auto k) {
+        norm_forward_held_kernel<T, decltype(k)::value>
+            <<<grid, shape.threads, 0, current_stream()>>>(xp, gp, bp, yp, mean, rstd, n, e,
+                                                           layer_norm, zero_centered);
+      };
+      if (shape.k == 1) launch(std::integral_constant<int, 1>{});
+      else if (shape.k == 2) launch(std::integral_constant<int, 2>{});
+      else launch(std::integral_constant<int, 4>{});
+      TPCHECK_LAUNCH_CHECK();
+      return;
+    }
+  }
   norm_forward_kernel<T><<<static_cast<unsigned>(rows), norm_threads(n), 0, current_stream()>>>(
       static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(), layer_norm ? beta.raw() : nullptr,
-      layer_norm ? beta.dtype() : DType::kF32, static_cast<T*>(out.y.raw()),
-      layer_norm ? static_cast<Real*>(out.mean.raw()) : nullptr, static_cast<Real*>(out.rstd.raw()),
-      n, static_cast<Real>(eps), layer_norm, zero_centered);
+      layer_norm ? beta.dtype() : DType::kF32, static_cast<T*>(out.y.raw()), mean, rstd, n,
+      static_cast<Real>(eps), layer_norm, zero_centered);
   TPCHECK_LAUNCH_CHECK();
 }
 
@@ -138,11 +354,31 @@ void launch_norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, cons
   const long long rows = x.numel() / n;
   const bool layer_norm = kind == NormKind::kLayerNorm;
   TPCHECK_CHECK(rows <= 0x7fffffffLL, "norm_backward: {} rows exceed the grid limit", rows);
+  const Real* mean_p = layer_norm ? static_cast<const Real*>(mean.raw()) : nullptr;
+  const Real* rstd_p = static_cast<const Real*>(rstd.raw());
+  if constexpr (!std::is_same_v<T, double>) {
+    if (takes_held_rows<T>(n, {&dy, &gamma}, {dy.raw(), x.raw(), gamma.raw(), dx.raw()})) {
+      const HeldShape shape = held_shape<T>(n);
+      const auto* dyp = static_cast<const T*>(dy.raw());
+      const auto* xp = static_cast<const T*>(x.raw());
+      const auto* gp = static_cast<const T*>(gamma.raw());
+      auto* dxp = static_cast<T*>(dx.raw());
+      const auto grid = static_cast<unsigned>(rows);
+      const auto launch = [&](auto k) {
+        norm_backward_held_kernel<T, decltype(k)::value>
+            <<<grid, shape.threads, 0, current_stream()>>>(dyp, xp, gp, mean_p, rstd_p, dxp, n,
+                                                           layer_norm, zero_centered);
+      };
+      if (shape.k == 1) launch(std::integral_constant<int, 1>{});
+      else if (shape.k == 2) launch(std::integral_constant<int, 2>{});
+      else launch(std::integral_constant<int, 4>{});
+      TPCHECK_LAUNCH_CHECK();
+      return;
+    }
+  }
   norm_backward_kernel<T><<<static_cast<unsigned>(rows), norm_threads(n), 0, current_stream()>>>(
-      dy.raw(), dy.dtype(), static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(),
-      layer_norm ? static_cast<const Real*>(mean.raw()) : nullptr,
-      static_cast<const Real*>(rstd.raw()), static_cast<T*>(dx.raw()), n, layer_norm,
-      zero_centered);
+      dy.raw(), dy.dtype(), static_cast<const T*>(x.raw()), gamma.raw(), gamma.dtype(), mean_p,
+      rstd_p, static_cast<T*>(dx.raw()), n, layer_norm, zero_centered);
   TPCHECK_LAUNCH_CHECK();
 }
 
