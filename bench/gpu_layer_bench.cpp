@@ -11,8 +11,9 @@
 //             and the rate as a fraction of the gemm ceiling; with the unfused attention
 //             (the reference's rounding points), with cuDNN's fused attention
 //             (--attention fused), and under FP8 current scaling (the Linear GEMMs on FP8
-//             operands, quantization included) with its speed-up over bf16; then each
-//             attention path's time split by op kind;
+//             operands, quantization included) with its speed-up over bf16; then the
+//             time split by op kind of bf16 with each attention path and of FP8 with the
+//             fused one;
 //   quantize  each recipe's GPU quantization of a bf16 8192×8192 tensor (both copies),
 //             bytes moved (input once, each copy once) per second against the copy rate,
 //             and the same with the amax pass's read of the input counted (the kernels'
@@ -31,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "timed_backend.h"
 #include "tpcheck/backend.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/cuda_backend.h"
@@ -38,7 +40,6 @@
 #include "tpcheck/layers/any_layer.h"
 #include "tpcheck/quant.h"
 #include "tpcheck/rng.h"
-#include "timed_backend.h"
 
 namespace tpcheck {
 namespace {
@@ -90,13 +91,17 @@ int run(int argc, char** argv) {
   if (argc == 7 || argc == 2) reps = std::atoi(argv[argc - 1]);
   std::unique_ptr<Backend> be = make_cuda_backend();
   const auto layer_options = [&] {
-    return nlohmann::json{{"hidden_size", hidden},       {"ffn_hidden_size", ffn},
-                          {"num_attention_heads", heads}, {"params_dtype", "bf16"},
+    return nlohmann::json{{"hidden_size", hidden},
+                          {"ffn_hidden_size", ffn},
+                          {"num_attention_heads", heads},
+                          {"params_dtype", "bf16"},
                           {"layernorm_epsilon", 1e-5}};
   };
   std::printf("device: %s | %s\n", info.description.c_str(), cuda_versions().c_str());
+  // Under a profiler (tests/gpu/run.sh kernels) only the split of one configuration runs.
+  const bool profiling = std::getenv("TPCHECK_PROFILE_CONFIG") != nullptr;
 
-  {  // copy bandwidth
+  if (!profiling) {  // copy bandwidth
     Tensor src = generate(FillSpec::normal(0, 1), 1, "copy", {std::int64_t{1} << 28}, DType::kF32)
                      .to_device(Device::kCuda);
     Tensor dst;
@@ -105,29 +110,33 @@ int run(int argc, char** argv) {
                 2.0 * src.nbytes() / s / 1e9, s * 1e3);
   }
   double gemm_rate = 0;
-  {  // dense bf16 GEMM ceiling
+  if (!profiling) {  // dense bf16 GEMM ceiling
     const std::int64_t n = 8192;
-    Tensor a = generate(FillSpec::normal(0, 1), 1, "a", {n, n}, DType::kBF16).to_device(Device::kCuda);
-    Tensor b = generate(FillSpec::normal(0, 1), 1, "b", {n, n}, DType::kBF16).to_device(Device::kCuda);
+    Tensor a =
+        generate(FillSpec::normal(0, 1), 1, "a", {n, n}, DType::kBF16).to_device(Device::kCuda);
+    Tensor b =
+        generate(FillSpec::normal(0, 1), 1, "b", {n, n}, DType::kBF16).to_device(Device::kCuda);
     Tensor c({n, n}, DType::kBF16, Device::kCuda);
-    const double s = median_seconds(*be, 10, [&] { be->gemm("bench/gemm", a, false, b, true, c, false); });
+    const double s =
+        median_seconds(*be, 10, [&] { be->gemm("bench/gemm", a, false, b, true, c, false); });
     gemm_rate = 2.0 * n * n * n / s;
     std::printf("gemm: %.0f TFLOP/s (bf16 %lldx%lldx%lld, random data, %s)\n", gemm_rate / 1e12,
                 static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n),
                 be->ledger().records().back().implementation.c_str());
   }
   double copy_rate = 0;
-  {  // quantization kernels (quantize_on_gpu) on a bf16 [8192, 8192] activation, both copies
-     // (rowwise and its transpose) as the layers ask for an input that fprop and wgrad
-     // read. Bytes: the input read once and each copy written once (what a fused kernel
-     // must move at least), against the copy bandwidth.
+  if (!profiling) {  // quantization kernels (quantize_on_gpu) on a bf16 [8192, 8192] activation,
+                     // both copies
+    // (rowwise and its transpose) as the layers ask for an input that fprop and wgrad
+    // read. Bytes: the input read once and each copy written once (what a fused kernel
+    // must move at least), against the copy bandwidth.
     Tensor src = generate(FillSpec::normal(0, 1), 1, "copy", {std::int64_t{1} << 28}, DType::kF32)
                      .to_device(Device::kCuda);
     Tensor dst;
     copy_rate = 2.0 * src.nbytes() / median_seconds(*be, 10, [&] { dst = src.clone(); });
     const std::int64_t n = 8192;
-    const Tensor x = generate(FillSpec::normal(0, 1), 2, "q", {n, n}, DType::kBF16)
-                         .to_device(Device::kCuda);
+    const Tensor x =
+        generate(FillSpec::normal(0, 1), 2, "q", {n, n}, DType::kBF16).to_device(Device::kCuda);
     const std::pair<Recipe, QuantRole> recipes[] = {{Recipe::kFp8Current, QuantRole::kInput},
                                                     {Recipe::kFp8Block, QuantRole::kInput},
                                                     {Recipe::kMxfp8, QuantRole::kInput},
@@ -145,12 +154,13 @@ int run(int argc, char** argv) {
       // first element is cast); block scaling and MXFP8 reduce it in the cast kernel.
       const bool amax_pass = recipe == Recipe::kFp8Current || recipe == Recipe::kNvfp4;
       const double traffic = bytes + (amax_pass ? static_cast<double>(x.nbytes()) : 0.0);
-      std::printf("quantize %s (bf16 %lldx%lld, rowwise + columnwise): %.3f ms, %.0f GB/s = %.0f%% "
-                  "of the copy bandwidth (%.0f GB/s); the kernels' traffic (an amax pass's read "
-                  "included) %.0f GB/s = %.0f%%\n",
-                  std::string(recipe_name(recipe)).c_str(), static_cast<long long>(n),
-                  static_cast<long long>(n), s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / copy_rate,
-                  copy_rate / 1e9, traffic / s / 1e9, 100.0 * traffic / s / copy_rate);
+      std::printf(
+          "quantize %s (bf16 %lldx%lld, rowwise + columnwise): %.3f ms, %.0f GB/s = %.0f%% "
+          "of the copy bandwidth (%.0f GB/s); the kernels' traffic (an amax pass's read "
+          "included) %.0f GB/s = %.0f%%\n",
+          std::string(recipe_name(recipe)).c_str(), static_cast<long long>(n),
+          static_cast<long long>(n), s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / copy_rate,
+          copy_rate / 1e9, traffic / s / 1e9, 100.0 * traffic / s / copy_rate);
     }
   }
   // The layer in three configurations, each with a backend of its own: bf16 with the
@@ -169,17 +179,21 @@ int run(int argc, char** argv) {
   // bf16 layer that has the same attention.
   double bf16_layer_seconds[2] = {0, 0};
   for (const LayerConfig& config : configs) {
+    if (profiling) break;
     CudaBackendOptions backend_options;
     backend_options.fused_attention = config.fused_attention;
     std::unique_ptr<Backend> layer_be = make_cuda_backend(backend_options);
     std::unique_ptr<Communicator> comm = make_single_communicator();
     ModuleContext ctx{layer_be.get(), comm.get(), 1234};
     ctx.recipe = config.recipe;
-    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", layer_options()}, ctx);
-    const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16)
-                         .to_device(Device::kCuda);
-    const Tensor dy = generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden}, DType::kBF16)
-                          .to_device(Device::kCuda);
+    std::unique_ptr<AnyLayer> layer =
+        make_layer(LayerSpec{"TransformerLayer", layer_options()}, ctx);
+    const Tensor x =
+        generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16)
+            .to_device(Device::kCuda);
+    const Tensor dy =
+        generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden}, DType::kBF16)
+            .to_device(Device::kCuda);
     std::size_t from = 0;
     double flops = 0, causal_flops = 0;
     std::string attention_impl;
@@ -197,7 +211,8 @@ int run(int argc, char** argv) {
     if (config.recipe == Recipe::kNone) {
       bf16_layer_seconds[config.fused_attention] = s;
       std::printf(
-          "layer (%s): TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld batch "
+          "layer (%s): TransformerLayer fwd+bwd bf16 hidden %lld ffn %lld heads %lld seq %lld "
+          "batch "
           "%lld causal: %.2f ms, %.2f TFLOP (ledger) = %.0f TFLOP/s = %.0f%% of the gemm ceiling; "
           "attention's products counted for the causal half only: %.2f TFLOP = %.0f TFLOP/s = "
           "%.0f%%; %.2fx the unfused bf16 layer's speed; attention ran as: %s\n",
@@ -207,47 +222,79 @@ int run(int argc, char** argv) {
           causal_flops / 1e12, causal_flops / s / 1e12, 100.0 * causal_flops / s / gemm_rate,
           bf16_layer_seconds[0] / s, attention_impl.c_str());
     } else {
-      std::printf("layer (%s): same layer, bf16 activations, Linear GEMMs on FP8 (quantization "
-                  "included): %.2f ms = %.2fx the speed of the bf16 layer with the same "
-                  "attention\n",
-                  config.name, s * 1e3, bf16_layer_seconds[config.fused_attention] / s);
+      std::printf(
+          "layer (%s): same layer, bf16 activations, Linear GEMMs on FP8 (quantization "
+          "included): %.2f ms = %.2fx the speed of the bf16 layer with the same "
+          "attention\n",
+          config.name, s * 1e3, bf16_layer_seconds[config.fused_attention] / s);
     }
   }
-  for (const bool fused : {false, true}) {
-    // where the layer's time goes: one more iteration with the device synchronized after
-    // every op (bench::TimedBackend), so each op kind's kernels are timed by themselves
+  // Where the layer's time goes: one more iteration per configuration with the device
+  // synchronized after every op (bench::TimedBackend), so each op kind's kernels are timed
+  // by themselves. That iteration is also the window a profiler started with capture off
+  // records (`ncu --profile-from-start off`: each kernel's time; tests/gpu/run.sh profile).
+  const LayerConfig split_configs[] = {{"bf16, unfused attention", Recipe::kNone, false},
+                                       {"bf16, fused attention", Recipe::kNone, true},
+                                       {"fp8_cs, fused attention", Recipe::kFp8Current, true}};
+  // TPCHECK_PROFILE_CONFIG=<name>: only that configuration's split (and its capture window).
+  const char* only = std::getenv("TPCHECK_PROFILE_CONFIG");
+  for (const LayerConfig& config : split_configs) {
+    if (only != nullptr && config.name != std::string(only)) continue;
     CudaBackendOptions backend_options;
-    backend_options.fused_attention = fused;
+    backend_options.fused_attention = config.fused_attention;
     auto timed = std::make_unique<bench::TimedBackend>(make_cuda_backend(backend_options),
                                                        /*sync_each_op=*/true);
     bench::TimedBackend& tb = *timed;
     std::unique_ptr<Communicator> comm = make_single_communicator();
     ModuleContext ctx{&tb, comm.get(), 1234};
-    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{"TransformerLayer", layer_options()}, ctx);
-    const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden}, DType::kBF16,
-                              {}, 0, 1, Device::kCuda);
+    ctx.recipe = config.recipe;
+    std::unique_ptr<AnyLayer> layer =
+        make_layer(LayerSpec{"TransformerLayer", layer_options()}, ctx);
+    const Tensor x = generate(FillSpec::normal(0, 1), 1, "input", {seq, batch, hidden},
+                              DType::kBF16, {}, 0, 1, Device::kCuda);
     const Tensor dy = generate(FillSpec::normal(0, 1e-3), 1, "dy", {seq, batch, hidden},
                                DType::kBF16, {}, 0, 1, Device::kCuda);
     double total = 0;
     for (int i = 0; i < 2; ++i) {  // the first is a warm-up
       tb.reset();
       tb.synchronize();
+      if (i == 1) {
+        std::fprintf(stderr, "[step] the measured iteration of %s begins\n", config.name);
+        cuda_profiler_capture(true);
+      }
       const auto start = std::chrono::steady_clock::now();
       layer->forward(x);
       layer->backward(OutputGrads{dy, Tensor(), Tensor()});
       tb.synchronize();
       total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (i == 1) cuda_profiler_capture(false);
     }
-    double ops = 0;
-    std::printf("layer time split (%s attention; ms, device synchronized after every op; %.2f ms "
-                "in all):",
-                fused ? "fused" : "unfused", total * 1e3);
-    for (int k = 0; k < static_cast<int>(bench::OpKind::kCount); ++k) {
-      const double sec = tb.seconds(static_cast<bench::OpKind>(k));
-      ops += sec;
-      std::printf(" %s %.2f", std::string(bench::kOpKindNames[k]).c_str(), sec * 1e3);
-    }
-    std::printf(", other %.2f\n", (total - ops) * 1e3);
+    const auto print_split = [&](const char* how, double all) {
+      double ops = 0;
+      std::printf("layer time split (%s; ms, %s; %.2f ms in all):", config.name, how, all * 1e3);
+      for (int k = 0; k < static_cast<int>(bench::OpKind::kCount); ++k) {
+        const double sec = tb.seconds(static_cast<bench::OpKind>(k));
+        ops += sec;
+        std::printf(" %s %.2f", std::string(bench::kOpKindNames[k]).c_str(), sec * 1e3);
+      }
+      std::printf(", other %.2f\n", (all - ops) * 1e3);
+    };
+    print_split("device synchronized after every op", total);
+    // The host's side: the same step with no synchronization, each op's time being what
+    // the host spends issuing it. When the host's total comes near the step's time, the
+    // GPU waits for the host (launch overhead, or an op that waits for the GPU inside).
+    tb.set_sync_each_op(false);
+    tb.reset();
+    tb.synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    layer->forward(x);
+    layer->backward(OutputGrads{dy, Tensor(), Tensor()});
+    const double issued = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    tb.synchronize();
+    const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    print_split("host time issuing each op, no synchronization", issued);
+    std::printf("layer host issue (%s): %.2f ms of host time to issue a step of %.2f ms\n",
+                config.name, issued * 1e3, step * 1e3);
   }
   return 0;
 }

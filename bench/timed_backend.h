@@ -1,8 +1,9 @@
 // timed_backend.h — a Backend decorator that forwards every op to an inner backend and
 // adds up the wall time spent in each kind of op, so a benchmark can split a layer's time
-// into GEMM (attention's products included), attention (its layout and softmax
-// primitives), norms, activations, bias, elementwise, and the layer's own code (whatever
-// remains of the total).
+// into GEMM (attention's products and the quantized GEMMs included), attention (its layout
+// and softmax primitives, or the fused library call), norms, activations, bias,
+// elementwise, a recipe's quantization, and the layer's own code (whatever remains of the
+// total).
 //
 // Two clocks per op kind: wall time, and the calling thread's CPU time
 // (CLOCK_THREAD_CPUTIME_ID). Every op other than a multi-threaded GEMM runs on the calling
@@ -31,10 +32,10 @@
 
 namespace tpcheck::bench {
 
-enum class OpKind { kGemm, kAttention, kNorm, kActivation, kBias, kElementwise, kCount };
+enum class OpKind { kGemm, kAttention, kNorm, kActivation, kBias, kElementwise, kQuantize, kCount };
 
 inline constexpr std::array<std::string_view, static_cast<int>(OpKind::kCount)> kOpKindNames = {
-    "gemm", "attn", "norm", "act", "bias", "elem"};
+    "gemm", "attn", "norm", "act", "bias", "elem", "quant"};
 
 // CPU time consumed by the calling thread so far.
 inline double thread_cpu_seconds() {
@@ -57,6 +58,7 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
       : OwnedBackend{std::move(inner)}, BackendWrapper(*inner_), sync_each_op_(sync_each_op) {}
 
   Backend& inner() { return *inner_; }
+  void set_sync_each_op(bool sync) { sync_each_op_ = sync; }
 
   // Wall / calling-thread CPU seconds spent in ops of `kind` since the last reset().
   double seconds(OpKind kind) const { return seconds_[static_cast<int>(kind)]; }
@@ -110,6 +112,11 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
     Timer t(this, OpKind::kActivation, h.numel());
     return inner_->bias_gelu_backward(da, h, bias, dbias);
   }
+  // The target's fused residual join (BackendWrapper would run the composition).
+  Tensor bias_residual_add(const Tensor& out, const Tensor& bias, const Tensor& residual) override {
+    Timer t(this, OpKind::kElementwise, out.numel());
+    return inner_->bias_residual_add(out, bias, residual);
+  }
   Tensor add(const Tensor& a, const Tensor& b) override {
     Timer t(this, OpKind::kElementwise, a.numel());
     return inner_->add(a, b);
@@ -131,12 +138,23 @@ class TimedBackend final : private OwnedBackend, public BackendWrapper {
     return inner_->mse_loss_backward(y, target);
   }
 
+  // A recipe's quantization (amax, scale and the casts into both copies).
+  std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
+                                          std::string_view what) override {
+    Timer t(this, OpKind::kQuantize, x.numel());
+    return inner_->quantize(x, options, what);
+  }
+
   void set_rule(const GemmClassRule& rule) { set_gemm_rule(rule); }
 
  protected:
   void run_gemm(const GemmProblem& p, GemmRecord& record) override {
     Timer t(this, OpKind::kGemm, p.m * p.n);
     BackendWrapper::run_gemm(p, record);
+  }
+  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override {
+    Timer t(this, OpKind::kGemm, p.m * p.n);
+    BackendWrapper::run_gemm_quantized(p, record);
   }
   // Attention is a composition (Backend::attention_forward / attention_backward): its
   // products pass run_gemm above and count as GEMM time; its layout and softmax

@@ -269,6 +269,16 @@ class Backend {
   virtual Tensor bias_gelu_backward(const Tensor& da, const Tensor& h, const Tensor& bias,
                                     Tensor& dbias);
 
+  // TransformerLayer's residual join, as the reference fuses it (bias_dropout_add, dropout
+  // 0): with R = f32 (f64 for f64 out), returns round_T((round_R(out + bias)) + residual)
+  // — out widened exactly to R, the bias added in R (add_bias), the residual added in R
+  // (accumulate), one rounding to T = out's dtype. out, residual [.., n]; bias [n] any
+  // kernel dtype, or undefined (no bias). The default composes to(), add_bias(),
+  // accumulate() and to() (src/backend/bias_residual_add.cpp); a backend may fuse them
+  // into one kernel with the same roundings (the same bits). Decorators keep the
+  // composition, as for bias_gelu.
+  virtual Tensor bias_residual_add(const Tensor& out, const Tensor& bias, const Tensor& residual);
+
   // Scaled dot-product attention. q [s, b, h, d]; k, v [s, b, g, d] with g dividing h;
   // query head i uses key/value group i / (h / g). out = softmax(scale · q kᵀ + mask) v.
   // Non-virtual: one composition for every backend (src/backend/attention.cpp) of the
@@ -467,9 +477,10 @@ class BackendWrapper : public Backend {
     return target_.run_fused_attention_backward(dout, q, k, v, saved, mask, scale,
                                                 implementation);
   }
-  // bias_gelu_forward / bias_gelu_backward are not forwarded: the wrapper runs Backend's
-  // composition over its own (forwarding, possibly decorated) primitives, so a decorator
-  // that perturbs or records each op sees the same ops with or without a fusing target.
+  // bias_gelu_forward / bias_gelu_backward and bias_residual_add are not forwarded: the
+  // wrapper runs Backend's composition over its own (forwarding, possibly decorated)
+  // primitives, so a decorator that perturbs or records each op sees the same ops with or
+  // without a fusing target.
 
  private:
   void adopt_state(Backend& target) { state_ = target.state_; }

@@ -67,4 +67,9 @@ std::size_t cuda_memory_reserved();
 // why there is no CUDA.
 std::string cuda_versions();
 
+// Opens (true) or closes (false) the window a profiler started with capture off records
+// (cudaProfilerStart / Stop: `ncu --profile-from-start off` times the kernels between).
+// Without a profiler attached, or built without CUDA, it does nothing.
+void cuda_profiler_capture(bool on);
+
 }  // namespace tpcheck

@@ -15,6 +15,7 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
 
 std::size_t cuda_memory_reserved() { return 0; }
 std::string cuda_versions() { return "built without CUDA"; }
+void cuda_profiler_capture(bool) {}
 
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor&, const QuantizeOptions&,
                                                std::string_view) {

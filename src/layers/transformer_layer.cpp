@@ -143,24 +143,18 @@ std::vector<Parameter*> TransformerLayer::parameters() {
 }
 
 Tensor TransformerLayer::combine(const Tensor& out, const Tensor& bias, const Tensor& residual) {
-  Backend& be = *ctx_.backend;
   // residual + (out + bias) in f32 (f64) with one rounding to the storage dtype: the
   // reference's fused bias_dropout_add (a compiled elementwise kernel; dropout is 0).
-  const DType wide = out.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  Tensor y = out.to(wide);
-  if (bias.defined()) be.add_bias(y, bias);
   if (ctx_.mutated(Mutation::kResidualBeforeReduce)) {
     // The bug: each rank added the (whole, SP: gathered) residual to its partial sum, so
     // the reduction carries Σ_ranks residual = N copies of it.
-    Tensor sum = options_.sequence_parallel
-                     ? ctx_.comm->reduce_scatter(ctx_.comm->all_gather(residual, 0), 0)
-                     : residual.clone();
-    if (!options_.sequence_parallel) ctx_.comm->all_reduce(sum);
-    be.accumulate(y, sum);
-  } else {
-    be.accumulate(y, residual);
+    Tensor copies = options_.sequence_parallel
+                        ? ctx_.comm->reduce_scatter(ctx_.comm->all_gather(residual, 0), 0)
+                        : residual.clone();
+    if (!options_.sequence_parallel) ctx_.comm->all_reduce(copies);
+    return ctx_.backend->bias_residual_add(out, bias, copies);
   }
-  return y.to(out.dtype());
+  return ctx_.backend->bias_residual_add(out, bias, residual);
 }
 
 Tensor TransformerLayer::bias_output_grad(const Tensor& dy) {

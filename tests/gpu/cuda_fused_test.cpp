@@ -7,6 +7,12 @@
 // paths; several row chunks with a partial last one; with and without bias; a dbias that
 // already holds a value (the backward accumulates).
 //
+// BiasResidualAdd: bias_residual_add (bias_residual_add.cu, one kernel) against Backend's
+// composition of to(), add_bias, accumulate and to() on the same CUDA backend, and against
+// the CPU backend's composition (each step one IEEE addition or rounding, so the bits must
+// agree across the two backends too) — every dtype, vectorized and scalar row lengths,
+// with and without bias, a bias of another dtype.
+//
 // FusedAttention: --attention fused (cuDNN's flash attention, fused_attention.cpp) against
 // an f64 truth run of the unfused path on the GPU, next to the unfused path in the same
 // dtype against the same truth. The fused kernel rounds at other points (online softmax,
@@ -112,6 +118,54 @@ TEST(BiasGelu, BadInputIsAnInputError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInput);
     EXPECT_NE(std::string(e.what()).find("[8]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BiasResidualAdd, FusedKernelGivesTheCompositionsBits) {
+  TPCHECK_REQUIRE_GPU();
+  std::unique_ptr<Backend> be = make_cuda_backend();
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  // n = 4096: the vector path; 100: scalar for 2-byte types (100 % 8 ≠ 0), vector for f32;
+  // 37: scalar everywhere.
+  const BiasGeluCase cases[] = {{600, 4096, true, DType::kF32}, {600, 100, true, DType::kBF16},
+                                {600, 37, true, DType::kF64},   {64, 4096, false, DType::kF32}};
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32, DType::kF64}) {
+    for (const BiasGeluCase& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " rows " + std::to_string(c.rows) + " n " +
+                   std::to_string(c.n) + (c.bias ? " bias" : " no bias"));
+      const Tensor out_host = random_host(21, "out", {c.rows, c.n}, t);
+      const Tensor residual_host = random_host(22, "residual", {c.rows, c.n}, t, 3.0);
+      const Tensor bias_host = c.bias ? random_host(23, "bias", {c.n}, c.bias_dtype, 0.5) : Tensor();
+      const Tensor out = out_host.to_device(Device::kCuda);
+      const Tensor residual = residual_host.to_device(Device::kCuda);
+      const Tensor bias = c.bias ? bias_host.to_device(Device::kCuda) : Tensor();
+
+      const Tensor y = be->bias_residual_add(out, bias, residual);
+      EXPECT_TRUE(same_bits(y, be->Backend::bias_residual_add(out, bias, residual)))
+          << "the GPU composition";
+      EXPECT_TRUE(same_bits(y, cpu->bias_residual_add(out_host, bias_host, residual_host)))
+          << "the CPU composition";
+      EXPECT_GT(norm_rel(y, residual), 0.0);  // not a copy of the residual
+    }
+  }
+  // A residual of another dtype than out: the composition (accumulate reads it as is).
+  const Tensor out = random_host(24, "out", {8, 64}, DType::kBF16).to_device(Device::kCuda);
+  const Tensor residual = random_host(25, "r", {8, 64}, DType::kF32).to_device(Device::kCuda);
+  EXPECT_TRUE(same_bits(be->bias_residual_add(out, Tensor(), residual),
+                        be->Backend::bias_residual_add(out, Tensor(), residual)));
+}
+
+TEST(BiasResidualAdd, BadInputIsAnInputError) {
+  TPCHECK_REQUIRE_GPU();
+  std::unique_ptr<Backend> be = make_cuda_backend();
+  const Tensor out = random_host(1, "o", {4, 8}, DType::kBF16).to_device(Device::kCuda);
+  const Tensor residual = random_host(2, "r", {4, 7}, DType::kBF16).to_device(Device::kCuda);
+  try {
+    be->bias_residual_add(out, Tensor(), residual);
+    FAIL() << "a [4, 7] residual for a [4, 8] output was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("[4, 8]"), std::string::npos) << e.what();
   }
 }
 

@@ -6,7 +6,7 @@
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite fused badinput mutations recipes bench; also, not in
-# the default set: recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
+# the default set: kernels (each kernel's time in the layer benchmark's step, by ncu), recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
 # (stack samples of its TransformerLayer cases), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
 # logs and programs), python (the package, packed by tests/gpu/pack_python.sh) and grid
@@ -155,6 +155,25 @@ if has production; then
     timeout "${TPCHECK_PRODUCTION_LIMIT:-540}" "$bin" run --suite te --backend cuda --tp 8 --hidden 4096 \
     --ffn 16384 --heads 32 --seq 256 --batch 8 "${filter[@]}" \
     --json "$out/te_cuda_tp8_production.json"
+fi
+
+# Not in the default stages: each kernel's time in one step of the benchmark layer
+# (bench/gpu_layer_bench's split configurations), read by Nsight Compute with the clocks
+# left alone; tests/gpu/kernel_summary.py sums them by kernel name (kernels_*.md).
+# TPCHECK_KERNEL_CONFIGS: the configurations, ';'-separated (default: bf16 and fp8_cs, both
+# with the fused attention).
+if has kernels; then
+  IFS=';' read -r -a kernel_configs <<<"${TPCHECK_KERNEL_CONFIGS:-bf16, fused attention;fp8_cs, fused attention}"
+  for config in "${kernel_configs[@]}"; do
+    tag="$(echo "$config" | tr -c 'a-z0-9' '_')"
+    timed "kernel times (ncu): $config" "kernels_$tag.log" \
+      env TPCHECK_PROFILE_CONFIG="$config" ncu --clock-control none --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv --page raw --log-file "$out/kernels_$tag.csv" \
+      "$root/.devrun/bench/gpu_layer_bench"
+    python3 "$root/tests/gpu/kernel_summary.py" "$out/kernels_$tag.csv" "$config" \
+      >"$out/kernels_$tag.md" 2>&1
+    head -n 30 "$out/kernels_$tag.md"
+  done
 fi
 
 # Not in the default stages: where the production-shape TransformerLayer cases spend the

@@ -2,6 +2,7 @@
 // factory, versions for reports, and the error functions behind cuda_check.h.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cuda_profiler_api.h>
 #include <nccl.h>
 
 #include <map>
@@ -151,6 +152,15 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
 }
 
 std::size_t cuda_memory_reserved() { return cuda::allocator_bytes_reserved(); }
+
+void cuda_profiler_capture(bool on) {
+  // The result is not checked: with no profiler attached these calls are no-ops.
+  if (on) {
+    cudaProfilerStart();
+  } else {
+    cudaProfilerStop();
+  }
+}
 
 std::string cuda_versions() {
   int runtime = 0, driver = 0, nccl = 0;

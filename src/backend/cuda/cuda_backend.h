@@ -7,8 +7,8 @@
 //
 // Ops live one file per op, forward and backward kernels with their host launchers, named
 // like the CPU twins (src/backend/cpu): gemm.cu (cuBLASLt engine), bias.cu, norm.cu,
-// activation.cu, bias_gelu.cu, attention.cu, elementwise.cu; fused_attention.cpp runs
-// cuDNN's fused attention. Math as the CPU backend: widen exactly, compute in f32 (f64
+// activation.cu, bias_gelu.cu, bias_residual_add.cu, attention.cu, elementwise.cu;
+// fused_attention.cpp runs cuDNN's fused attention. Math as the CPU backend: widen exactly, compute in f32 (f64
 // for f64), round once to the storage dtype where a kernel stores.
 // Thread safety: one rank (thread) at a time; the constructor makes the stream current
 // for the constructing thread (the rank thread), so construct it there.
@@ -62,6 +62,9 @@ class CudaBackend final : public Backend {
   Tensor bias_gelu_forward(const Tensor& h, const Tensor& bias) override;
   Tensor bias_gelu_backward(const Tensor& da, const Tensor& h, const Tensor& bias,
                             Tensor& dbias) override;
+
+  // bias_residual_add.cu (one kernel, the composition's bits)
+  Tensor bias_residual_add(const Tensor& out, const Tensor& bias, const Tensor& residual) override;
 
   // quantize.cu (quantize_on_gpu)
   std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,

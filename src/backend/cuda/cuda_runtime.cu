@@ -3,7 +3,10 @@
 #include "backend/cuda/cuda_runtime.h"
 
 #include <cuda_fp8.h>
+#include <execinfo.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -20,6 +23,19 @@ namespace {
 thread_local cudaStream_t t_stream = nullptr;
 thread_local int t_device = 0;
 
+// TPCHECK_TRACE_WAITS=1, a diagnostic for benchmarks: prints each point where the host
+// waits for the GPU or the driver (a copy to or from host memory, a cudaMalloc) with its
+// call stack to stderr, to find what leaves the GPU idle in a step. Frames without a
+// symbol print as module(+offset): `addr2line -f -C -e <unstripped binary> offset`.
+void trace_wait(const char* what, std::size_t bytes) {
+  static const bool on = std::getenv("TPCHECK_TRACE_WAITS") != nullptr;
+  if (!on) return;
+  void* frames[32];
+  const int n = backtrace(frames, 32);
+  std::fprintf(stderr, "[wait] %s, %zu bytes\n", what, bytes);
+  backtrace_symbols_fd(frames, n, 2);
+}
+
 std::size_t round_size(std::size_t bytes) {
   constexpr std::size_t kSmall = 512, kLarge = std::size_t{2} << 20;
   if (bytes <= (std::size_t{1} << 20)) return (bytes + kSmall - 1) / kSmall * kSmall;
@@ -35,6 +51,7 @@ class CachingAllocator {
     cudaStream_t stream = t_stream;
     void* p = take(device, stream, size);
     if (p == nullptr) {
+      trace_wait("cudaMalloc", size);
       TPCHECK_CUDA_CHECK(cudaSetDevice(device));
       cudaError_t status = cudaMalloc(&p, size);
       if (status == cudaErrorMemoryAllocation) {
@@ -205,7 +222,10 @@ class CudaRuntime final : public DeviceRuntime {
     TPCHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, t_stream));
     // Host memory may be pageable and may die when the caller returns: wait for any copy
     // that touches it.
-    if (kind != cudaMemcpyDeviceToDevice) TPCHECK_CUDA_CHECK(cudaStreamSynchronize(t_stream));
+    if (kind != cudaMemcpyDeviceToDevice) {
+      trace_wait(kind == cudaMemcpyDeviceToHost ? "copy to the host" : "copy from the host", bytes);
+      TPCHECK_CUDA_CHECK(cudaStreamSynchronize(t_stream));
+    }
   }
   void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                  std::size_t row_bytes, std::size_t rows) override {
