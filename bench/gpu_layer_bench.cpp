@@ -125,8 +125,8 @@ int run(int argc, char** argv) {
                 be->ledger().records().back().implementation.c_str());
   }
   double copy_rate = 0;
-  if (!profiling) {  // quantization kernels (quantize_on_gpu) on a bf16 [8192, 8192] activation,
-                     // both copies
+  if (!profiling) {
+    // Quantization kernels (quantize_on_gpu) on a bf16 [8192, 8192] activation, both copies
     // (rowwise and its transpose) as the layers ask for an input that fprop and wgrad
     // read. Bytes: the input read once and each copy written once (what a fused kernel
     // must move at least), against the copy bandwidth.
@@ -163,9 +163,9 @@ int run(int argc, char** argv) {
           copy_rate / 1e9, traffic / s / 1e9, 100.0 * traffic / s / copy_rate);
     }
   }
-  // The layer in three configurations, each with a backend of its own: bf16 with the
+  // The layer in four configurations, each with a backend of its own: bf16 with the
   // unfused attention (the reference's rounding points; the headline figure), bf16 with
-  // cuDNN's fused attention (--attention fused), and FP8 current scaling (unfused).
+  // cuDNN's fused attention (--attention fused), and FP8 current scaling with each.
   struct LayerConfig {
     const char* name;
     Recipe recipe;
