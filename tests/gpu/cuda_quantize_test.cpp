@@ -73,6 +73,16 @@ void expect_same_amax(const Tensor& gpu, const Tensor& cpu, const std::string& w
   expect_same(gpu, cpu, what);
 }
 
+// Data and scale_inv of both copies, and the scale, bit for bit (amax: each test's rule).
+void expect_same_copies(const QuantizedData& gpu, const QuantizedData& cpu,
+                        const std::string& what) {
+  expect_same(gpu.rowwise_data, cpu.rowwise_data, what + " rowwise data");
+  expect_same(gpu.rowwise_scale_inv, cpu.rowwise_scale_inv, what + " rowwise scale_inv");
+  expect_same(gpu.columnwise_data, cpu.columnwise_data, what + " columnwise data");
+  expect_same(gpu.columnwise_scale_inv, cpu.columnwise_scale_inv, what + " columnwise scale_inv");
+  expect_same(gpu.scale, cpu.scale, what + " scale");
+}
+
 struct Case {
   Recipe recipe;
   QuantRole role;
@@ -103,13 +113,8 @@ TEST(CudaQuantize, EveryRecipeMatchesTheCpuBitForBit) {
                                    (given_amax ? " given amax" : "");
           const auto cpu = quantize(x, o);
           const auto gpu = quantize_on_gpu(x.to_device(Device::kCuda), o);
-          expect_same(gpu->rowwise_data, cpu->rowwise_data, what + " rowwise data");
-          expect_same(gpu->rowwise_scale_inv, cpu->rowwise_scale_inv, what + " rowwise scale_inv");
-          expect_same(gpu->columnwise_data, cpu->columnwise_data, what + " columnwise data");
-          expect_same(gpu->columnwise_scale_inv, cpu->columnwise_scale_inv,
-                      what + " columnwise scale_inv");
+          expect_same_copies(*gpu, *cpu, what);
           expect_same(gpu->amax, cpu->amax, what + " amax");
-          expect_same(gpu->scale, cpu->scale, what + " scale");
           EXPECT_EQ(gpu->block, cpu->block) << what;
         }
       }
@@ -165,13 +170,8 @@ TEST(CudaQuantize, BlockRecipesMatchTheCpuOnEdgeTilesNanAndEachCopy) {
                 (given_amax ? " given amax" : "");
             const auto cpu = quantize(x, o);
             const auto gpu = quantize_on_gpu(x.to_device(Device::kCuda), o);
-            expect_same(gpu->rowwise_data, cpu->rowwise_data, what + " rowwise data");
-            expect_same(gpu->rowwise_scale_inv, cpu->rowwise_scale_inv, what + " rowwise scale_inv");
-            expect_same(gpu->columnwise_data, cpu->columnwise_data, what + " columnwise data");
-            expect_same(gpu->columnwise_scale_inv, cpu->columnwise_scale_inv,
-                        what + " columnwise scale_inv");
+            expect_same_copies(*gpu, *cpu, what);
             expect_same_amax(gpu->amax, cpu->amax, what + " amax");
-            expect_same(gpu->scale, cpu->scale, what + " scale");
           }
         }
       }
