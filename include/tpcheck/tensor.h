@@ -52,6 +52,11 @@ class Tensor {
   // A zero-filled tensor. REQUIRES: rank <= 4, every dim >= 0.
   Tensor(Shape shape, DType dtype, Device device = Device::kCpu);
 
+  // A tensor for an output that a kernel writes in full: on a GPU its memory is left as
+  // the allocator hands it out (no zero fill, which would write the whole buffer once
+  // more; bench/RESULTS.md has what that cost), on the CPU zero-filled like the
+  // constructor. Reading an element before it is written is a bug.
+  static Tensor empty(Shape shape, DType dtype, Device device = Device::kCpu);
   static Tensor zeros(Shape shape, DType dtype, Device device = Device::kCpu) {
     return Tensor(std::move(shape), dtype, device);
   }
@@ -126,6 +131,7 @@ class Tensor {
   void set_quantized(std::shared_ptr<QuantizedData> q) { quantized_ = std::move(q); }
 
  private:
+  Tensor(Shape shape, DType dtype, Device device, bool zero_fill);
   Shape shape_;
   std::int64_t numel_ = 0;
   DType dtype_ = DType::kF32;

@@ -107,7 +107,13 @@ constexpr bool storage_matches(DType dtype) {
 
 }  // namespace
 
-Tensor::Tensor(Shape shape, DType dtype, Device device)
+Tensor::Tensor(Shape shape, DType dtype, Device device) : Tensor(std::move(shape), dtype, device, true) {}
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  return Tensor(std::move(shape), dtype, device, /*zero_fill=*/false);
+}
+
+Tensor::Tensor(Shape shape, DType dtype, Device device, bool zero_fill)
     : shape_(std::move(shape)), dtype_(dtype), device_(device) {
   TPCHECK_CHECK(rank() <= kMaxRank, "tensor rank {} exceeds the maximum {} (shape {})", rank(),
                 kMaxRank, shape_str(shape_));
@@ -123,7 +129,7 @@ Tensor::Tensor(Shape shape, DType dtype, Device device)
   } else {
     DeviceRuntime& rt = device_runtime(device);
     storage_ = rt.allocate(nbytes() + 1);
-    rt.fill_zero(storage_.get(), nbytes());
+    if (zero_fill) rt.fill_zero(storage_.get(), nbytes());
   }
 }
 
@@ -150,7 +156,7 @@ Tensor Tensor::wrap(void* data, Shape shape, DType dtype, Device device,
 Tensor Tensor::to_device(Device device) const {
   TPCHECK_CHECK(defined(), "to_device() on an undefined tensor");
   if (device == device_) return *this;
-  Tensor out(shape_, dtype_, device);
+  Tensor out = empty(shape_, dtype_, device);  // the copy writes every byte
   const Device gpu = device == Device::kCpu ? device_ : device;
   device_runtime(gpu).copy(out.raw(), device, raw(), device_, nbytes());
   return out;
@@ -261,7 +267,7 @@ std::vector<float> Tensor::to_f32() const {
 Tensor Tensor::to(DType dtype, CastMode mode) const {
   TPCHECK_CHECK(defined(), "to() on an undefined tensor");
   if (dtype == dtype_) return clone();
-  Tensor out(shape_, dtype, device_);
+  Tensor out = empty(shape_, dtype, device_);  // the cast writes every element
   if (device_ != Device::kCpu) {
     device_runtime(device_).cast(out.raw(), dtype, raw(), dtype_, numel_, mode);
     return out;
@@ -274,7 +280,7 @@ Tensor Tensor::to(DType dtype, CastMode mode) const {
 
 Tensor Tensor::clone() const {
   TPCHECK_CHECK(defined(), "clone() on an undefined tensor");
-  Tensor out(shape_, dtype_, device_);
+  Tensor out = empty(shape_, dtype_, device_);  // the copy writes every byte
   if (device_ != Device::kCpu) {
     device_runtime(device_).copy(out.raw(), device_, raw(), device_, nbytes());
   } else {
@@ -311,7 +317,7 @@ Tensor Tensor::slice(int dim, std::int64_t start, std::int64_t length) const {
                 "slice [{}, {}) out of range for dim {} of {}", start, start + length, d, describe());
   Shape out_shape = shape_;
   out_shape[d] = length;
-  Tensor out(out_shape, dtype_, device_);
+  Tensor out = empty(out_shape, dtype_, device_);  // the strided copy writes every row
   Split3 s = split_at(shape_, d);
   std::size_t es = dtype_size(dtype_);
   std::size_t row = static_cast<std::size_t>(length * s.inner) * es;
@@ -361,7 +367,7 @@ Tensor Tensor::cat(const std::vector<Tensor>& parts, int dim) {
   Shape shape = parts[0].shape();
   shape[d] = 0;
   for (const Tensor& p : parts) shape[d] += p.shape()[d];
-  Tensor out(shape, parts[0].dtype(), parts[0].device());
+  Tensor out = empty(shape, parts[0].dtype(), parts[0].device());  // the parts cover it
   std::int64_t at = 0;
   for (const Tensor& p : parts) {
     out.write_slice(d, at, p);

@@ -334,7 +334,8 @@ Tensor MultiheadAttention::backward(const OutputGrads& grads, Saved& saved) {
 
   Tensor dqkv;
   if (o.fuse_qkv_params && o.qkv_weight_interleaved) {
-    dqkv = Tensor({s * b, gl, hg + 2, d}, g.dq.dtype(), g.dq.device());
+    // The three slices below cover it (hg + 1 + 1 along dim 2).
+    dqkv = Tensor::empty({s * b, gl, hg + 2, d}, g.dq.dtype(), g.dq.device());
     dqkv.write_slice(2, 0, g.dq.reshape({s * b, gl, hg, d}));
     dqkv.write_slice(2, hg, g.dk.reshape({s * b, gl, 1, d}));
     dqkv.write_slice(2, hg + 1, g.dv.reshape({s * b, gl, 1, d}));

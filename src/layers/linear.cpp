@@ -328,7 +328,8 @@ LayerOutputs Linear::forward(const Tensor& x, Saved& saved) {
     epilogue.bias = &bias;
     bias_added = true;
   }
-  Tensor y2({x2.dim(0), local_out()}, x.dtype(), x.device());
+  // Written in full by the GEMM (accumulate = false: C is not read).
+  Tensor y2 = Tensor::empty({x2.dim(0), local_out()}, x.dtype(), x.device());
   linear_gemm("fwd", x2, false, QuantRole::kInput, weight, true, QuantRole::kWeight, y2, false,
               epilogue);
   Shape out_shape = full.shape();
@@ -364,7 +365,7 @@ Tensor Linear::backward(const OutputGrads& grads, Saved& saved) {
                          QuantRole::kGradOutput, o.site + " output gradient");
   const Tensor dy_local = dy.reshape({dy.numel() / local_out(), local_out()});
 
-  Tensor dx2({dy2.dim(0), local_in()}, dy.dtype(), dy.device());
+  Tensor dx2 = Tensor::empty({dy2.dim(0), local_in()}, dy.dtype(), dy.device());
   linear_gemm("dgrad", dy2, false, QuantRole::kGradOutput,
               saved.weight.defined() ? saved.weight : local_weight(), false, QuantRole::kWeight,
               dx2, false);

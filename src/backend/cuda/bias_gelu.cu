@@ -221,7 +221,7 @@ Tensor CudaBackend::bias_gelu_forward(const Tensor& h, const Tensor& bias) {
     return Backend::bias_gelu_forward(h, bias);  // its checks name the problem
   }
   cuda::check_inputs("bias_gelu_forward", h, bias);
-  Tensor y(h.shape(), h.dtype(), Device::kCuda);
+  Tensor y = Tensor::empty(h.shape(), h.dtype(), Device::kCuda);
   TPCHECK_DISPATCH_FLOAT(h.dtype(), "bias_gelu_forward", T, cuda::launch_forward<T>(h, bias, y));
   return y;
 }

@@ -103,7 +103,7 @@ Tensor CudaBackend::bias_residual_add(const Tensor& out, const Tensor& bias,
   cuda::check_cuda_operand("bias_residual_add", "out", out);
   cuda::check_cuda_operand("bias_residual_add", "residual", residual);
   if (bias.defined()) cuda::check_cuda_operand("bias_residual_add", "bias", bias);
-  Tensor y(out.shape(), out.dtype(), Device::kCuda);
+  Tensor y = Tensor::empty(out.shape(), out.dtype(), Device::kCuda);
   TPCHECK_DISPATCH_FLOAT(out.dtype(), "bias_residual_add", T,
                          cuda::launch<T>(out, bias, residual, y));
   return y;

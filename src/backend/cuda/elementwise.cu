@@ -150,7 +150,7 @@ void check_same_shape(std::string_view op, std::string_view a_name, const Tensor
 
 Tensor CudaBackend::add(const Tensor& a, const Tensor& b) {
   cuda::check_same_shape("add", "a", a, "b", b);
-  Tensor out(a.shape(), a.dtype(), Device::kCuda);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), Device::kCuda);
   TPCHECK_DISPATCH_FLOAT(a.dtype(), "add", T, cuda::launch_add<T>(out, a, b));
   return out;
 }
@@ -163,7 +163,7 @@ void CudaBackend::accumulate(Tensor& into, const Tensor& x) {
 Tensor CudaBackend::scale(const Tensor& x, double s) {
   TPCHECK_CHECK_INPUT(x.defined(), "scale: undefined tensor");
   cuda::check_cuda_operand("scale", "x", x);
-  Tensor out(x.shape(), x.dtype(), Device::kCuda);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), Device::kCuda);
   TPCHECK_DISPATCH_FLOAT(x.dtype(), "scale", T, cuda::launch_scale<T>(out, x, s));
   return out;
 }

@@ -413,7 +413,7 @@ NormForward CudaBackend::norm_forward(NormKind kind, const Tensor& x, const Tens
   const std::int64_t rows = x.numel() / x.dim(-1);
   const DType math = cuda::math_dtype_of(x.dtype());
   NormForward out;
-  out.y = Tensor(x.shape(), x.dtype(), Device::kCuda);
+  out.y = Tensor::empty(x.shape(), x.dtype(), Device::kCuda);
   if (kind == NormKind::kLayerNorm) out.mean = Tensor({rows}, math, Device::kCuda);
   out.rstd = Tensor({rows}, math, Device::kCuda);
   if (rows == 0) return out;
