@@ -5,16 +5,21 @@
 // precision, both in one pass over the tensor). The per-tensor FP8 scale is computed on the device from the amax
 // (fp8_scale_kernel, the device twin of fp8_current_scale), so a quantization makes no
 // host round trip: the amax, the scale and scale_inv stay on the GPU, where the cast and
-// cuBLASLt's FP8 GEMM read them. NVFP4's S_enc is computed on the host from the amax by
-// the CPU's own function. The per-block formulas are device twins of the CPU's, operation
+// cuBLASLt's FP8 GEMM read them. NVFP4's S_enc is computed on the device too
+// (nvfp4_scale_kernel). The per-block formulas are device twins of the CPU's, operation
 // for operation (the products below have no additions, so nvcc's FMA contraction cannot
 // change them; division is IEEE).
 // Speed: every kernel reads 16 bytes per load; the rowwise copies are written by warps
-// storing whole consecutive rows, the transposed ones in 16-byte pieces; the block kernel
-// reduces each block's amax across the lanes that loaded it (shuffles), never by one
-// thread walking a block; the tiled kernels walk the tensor from its end, where the L2
-// still holds what the pass before read last (tile_from_the_end). bench/gpu_layer_bench
-// measures them against the copy bandwidth.
+// storing whole consecutive rows, the transposed ones in 16-byte pieces, each lane four
+// columns at once; FP8 casts go two values an instruction and E2M1 / E8M0 without
+// branches; the block kernel copies its tile into shared memory with cp.async (all of a
+// thread's loads in flight, no registers held) and reduces each block's amax across the
+// lanes that loaded it (shuffles), never by one thread walking a block; the tiled kernels
+// walk the tensor from its end, where the L2 still holds what the pass before read last
+// (tile_from_the_end); outputs are allocated without a zero fill (Tensor::empty).
+// bench/gpu_layer_bench measures them against the copy bandwidth; Nsight Compute puts
+// the FP8 block kernels at 70–80 % of it by themselves, NVFP4's at 54 % (its E2M1 cast,
+// ~16 instructions an element, makes it compute-bound).
 // Thread safety: kernels run on the calling thread's stream (current_stream()).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -41,59 +46,137 @@ enum class BlockRecipe : int { kFp8Block, kMxfp8, kNvfp4 };
 
 // ---- device twins of src/quant/element.cpp ----------------------------------------------
 
-// cast_satfinite for E4M3 / E5M2: ±inf first to ±FLT_MAX, then the hardware cast with
-// __NV_SATFINITE (round to nearest even, finite overflow to ±max).
+// cast_satfinite for E4M3 / E5M2: `cvt.rn.satfinite` itself (round to nearest even, every
+// magnitude beyond the largest finite one, ±inf included, to ±max; NaN to NaN). Before
+// sm_89 cuda_fp8.hpp emulates it in software, with the same results.
 __device__ __forceinline__ std::uint8_t sat_fp8(float v, bool e5m2) {
-  if (isinf(v)) v = copysignf(FLT_MAX, v);
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
-// cast_satfinite for E2M1: the nearest of 0, 0.5, 1, 1.5, 2, 3, 4, 6 with ties to the even
-// pattern (the comparisons below: < at ties that go up, <= at ties that go down), larger
-// magnitudes to 6; NaN to the zero of the opposite sign (dtype.h's rule).
-__device__ __forceinline__ std::uint8_t sat_e2m1(float v) {
-  const std::uint8_t sign = signbit(v) ? 0x8 : 0x0;
-  if (isnan(v)) return sign ^ 0x8;
-  const float m = fabsf(v);
-  std::uint8_t b;
-  if (m <= 0.25f)
-    b = 0;  // tie 0.25 → 0 (even)
-  else if (m < 0.75f)
-    b = 1;  // tie 0.75 → 1.0 (0x2)
-  else if (m <= 1.25f)
-    b = 2;  // tie 1.25 → 1.0 (0x2)
-  else if (m < 1.75f)
-    b = 3;  // tie 1.75 → 2.0 (0x4)
-  else if (m <= 2.5f)
-    b = 4;  // tie 2.5 → 2.0 (0x4)
-  else if (m < 3.5f)
-    b = 5;  // tie 3.5 → 4.0 (0x6)
-  else if (m <= 5.0f)
-    b = 6;  // tie 5 → 4.0 (0x6)
-  else
-    b = 7;  // up to and beyond 6 (inf included): 6
-  return sign | b;
+// cast_satfinite for E2M1 (no instruction before sm_100), without a branch: the nearest
+// of 0, 0.5, 1, 1.5, 2, 3, 4, 6, ties to the even pattern, larger magnitudes (inf
+// included) to 6, NaN to the zero of the opposite sign (dtype.h's rule). Two roundings,
+// one chosen by the magnitude m:
+//   m < 1   the grid is 0, 0.5, 1 (codes 0, 1, 2): code = rint(2m), by the FFMA that adds
+//           1.5 · 2^23 (one rounding of the exact sum, to an integer, ties to even);
+//   m >= 1  one significand bit, codes 2 ... 7 in order: round the f32 bits to nearest
+//           even at bit 22 (add 0x1FFFFF plus the kept bit), the bits above are then
+//           exponent and kept bit, i.e. 254 for 1.0 ... 259 for 6.0: code = that − 252,
+//           at most 7 (what rounds past 6, inf included, saturates).
+__device__ __forceinline__ std::uint32_t sat_e2m1(float v) {
+  const std::uint32_t bits = __float_as_uint(v);
+  const std::uint32_t sign = (bits >> 28) & 0x8u;
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  const float m = __uint_as_float(magnitude);
+  const std::uint32_t below_one = __float_as_uint(fmaf(m, 2.0f, 12582912.0f)) - 0x4b400000u;
+  // (magnitude + 0x1FFFFF + kept bit) >> 22, minus 252 folded into the sum (for m >= 1
+  // the magnitude is at least 254 << 22: no wrap).
+  const std::uint32_t from_one =
+      min((magnitude + ((magnitude >> 22) & 1u) + (0x1fffffu - (252u << 22))) >> 22, 7u);
+  const std::uint32_t code = m < 1.0f ? below_one : from_one;
+  // sign ^ code is sign | code for the codes 0 ... 7, and the opposite zero for a NaN (8).
+  return sign ^ (magnitude > 0x7f800000u ? 0x8u : code);
 }
 
-__device__ __forceinline__ std::uint8_t e8m0_round_up_dev(float v) {
-  if (isnan(v)) return 0xff;
-  if (isinf(v)) return 0xfe;
-  if (v == 0.0f) return 0x00;
-  const std::uint32_t bits = __float_as_uint(v);
-  std::uint32_t exponent = (bits >> 23) & 0xffu;
+// The element formats of the casts below: the FP8 ones through the paired conversion
+// (two values an instruction), E2M1 one value at a time.
+enum class CastFormat : int { kE4M3, kE5M2, kE2M1 };
+
+// Four values cast and packed into a word, value 0 in the low byte.
+template <CastFormat F>
+__device__ __forceinline__ std::uint32_t cast4(float a, float b, float c, float d) {
+  if constexpr (F == CastFormat::kE2M1) {
+    const std::uint32_t ab = __byte_perm(sat_e2m1(a), sat_e2m1(b), 0x7740);  // a, b, 0, 0
+    const std::uint32_t cd = __byte_perm(sat_e2m1(c), sat_e2m1(d), 0x7740);
+    return __byte_perm(ab, cd, 0x5410);
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // Two paired conversions (the second operand goes to the low byte) and one move that
+    // joins the halves: what __nv_cvt_float2_to_fp8x2 does, without masking its 16-bit
+    // results before the join.
+    std::uint32_t word;
+    if constexpr (F == CastFormat::kE5M2) {
+      asm("{.reg .b16 lo, hi;\n"
+          " cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+          " cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n"
+          " mov.b32 %0, {lo, hi};}\n"
+          : "=r"(word) : "f"(a), "f"(b), "f"(c), "f"(d));
+    } else {
+      asm("{.reg .b16 lo, hi;\n"
+          " cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+          " cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+          " mov.b32 %0, {lo, hi};}\n"
+          : "=r"(word) : "f"(a), "f"(b), "f"(c), "f"(d));
+    }
+    return word;
+#else
+    constexpr __nv_fp8_interpretation_t kFormat = F == CastFormat::kE5M2 ? __NV_E5M2 : __NV_E4M3;
+    // __nv_cvt_float2_to_fp8x2 puts .x in the low byte.
+    const std::uint32_t ab = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
+    const std::uint32_t cd = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kFormat);
+    return __byte_perm(ab, cd, 0x5410);
+#endif
+  }
+}
+
+// The words of N values (a multiple of 4) times `factor`, cast.
+template <CastFormat F, int N>
+__device__ __forceinline__ void cast_words(const float (&v)[N], float factor,
+                                           std::uint32_t (&words)[N / 4]) {
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    words[w] = cast4<F>(v[4 * w] * factor, v[4 * w + 1] * factor, v[4 * w + 2] * factor,
+                        v[4 * w + 3] * factor);
+  }
+}
+
+// N words (1, 2 or 4) stored at once. REQUIRES: dst aligned to 4·N bytes.
+template <int N>
+__device__ __forceinline__ void store_words(std::uint8_t* dst, const std::uint32_t (&words)[N]) {
+  if constexpr (N == 4) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else if constexpr (N == 2) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+  } else {
+    static_assert(N == 1);
+    *reinterpret_cast<std::uint32_t*>(dst) = words[0];
+  }
+}
+
+// N values (4, 8 or 16) times `factor`, cast, stored as N consecutive bytes in one store.
+// REQUIRES: dst aligned to N bytes.
+template <CastFormat F, int N>
+__device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N], float factor) {
+  std::uint32_t words[N / 4];
+  cast_words<F>(v, factor, words);
+  store_words(dst, words);
+}
+
+// The E8M0 exponent of v rounded up (the CPU's e8m0_round_up), with selects, not
+// branches: NaN → 0xFF, inf → 0xFE, 0 → 0; otherwise v's exponent field, plus one when
+// v is not a power of two — except at 0xFE (no room left) and for subnormals up to
+// 2^-127, which 2^-127 (field 0) covers.
+__device__ __forceinline__ std::uint32_t e8m0_round_up_dev(float v) {
+  const std::uint32_t bits = __float_as_uint(v) & 0x7fffffffu;
+  const std::uint32_t exponent = bits >> 23;
   const std::uint32_t mantissa = bits & 0x7fffffu;
   const bool subnormal_covered = exponent == 0 && mantissa <= 0x400000u;
-  if (mantissa > 0 && exponent != 0xfe && !subnormal_covered) ++exponent;
-  return static_cast<std::uint8_t>(exponent);
+  const bool up = mantissa != 0 && exponent != 0xfe && !subnormal_covered;
+  const std::uint32_t finite = exponent + (up ? 1u : 0u);
+  return bits < 0x7f800000u ? finite : (bits == 0x7f800000u ? 0xfeu : 0xffu);
 }
 
-__device__ __forceinline__ float e8m0_reciprocal_dev(std::uint8_t e) {
-  if (e == 0xff) return __uint_as_float(0x7fc00000u);
-  if (e == 0) return 1.0f;
-  // 2^-127 is an f32 subnormal: the exponent-field shift below would give 0 (and an inf
-  // element × 0 = NaN). The CPU's ldexp gives 2^-127; see docs/QUANTIZATION.md (MXFP8).
-  if (e == 0xfe) return __uint_as_float(0x00400000u);
-  return __uint_as_float(static_cast<std::uint32_t>(254 - e) << 23);  // 2^(127 − e)
+// The factor an MXFP8 block's elements are multiplied by, 2^(127 − e) for E8M0 bits e
+// (the CPU's e8m0_reciprocal): 0xFF → NaN, 0 → 1; 0xFE → 2^-127, an f32 subnormal the
+// exponent-field shift below cannot make (it would give 0, and an inf element × 0 = NaN;
+// the CPU's ldexp gives 2^-127; see docs/QUANTIZATION.md, MXFP8).
+__device__ __forceinline__ float e8m0_reciprocal_dev(std::uint32_t e) {
+  const std::uint32_t normal = (254u - e) << 23;
+  const std::uint32_t bits = e == 0xffu   ? 0x7fc00000u
+                             : e == 0u    ? 0x3f800000u
+                             : e == 0xfeu ? 0x00400000u
+                                          : normal;
+  return __uint_as_float(bits);
 }
 
 // fp8_block_scale: 448 / amax (special cases as fp8_current_scale), mantissa cleared.
@@ -104,6 +187,14 @@ __device__ __forceinline__ float fp8_block_scale_dev(float amax) {
     if (isinf(scale)) scale = FLT_MAX;
   }
   return __uint_as_float(__float_as_uint(scale) & 0xff800000u);
+}
+
+// 1 / p for a power of two p = fp8_block_scale_dev's result (2^-126 ... 2^127, normal),
+// exactly what __fdiv_rn(1, p) gives: the exponent field 254 − E, and for p = 2^127 the
+// subnormal 2^-127.
+__device__ __forceinline__ float power_of_two_reciprocal(float p) {
+  const std::uint32_t e = __float_as_uint(p) >> 23;
+  return __uint_as_float(e == 254u ? 0x00400000u : (254u - e) << 23);
 }
 
 __device__ __forceinline__ float f8e4m3_to_float(std::uint8_t b) {
@@ -140,6 +231,16 @@ __device__ __forceinline__ float decode_element(std::uint8_t b, DType format) {
 
 // ---- kernels -----------------------------------------------------------------------------
 
+// 16 bytes from global to shared memory without passing through registers (cp.async,
+// sm_80+), or 16 zero bytes when !valid (a source size of 0; `src` is not read).
+__device__ __forceinline__ void copy_async_16(void* dst_shared, const void* src, bool valid) {
+  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+// Waits until this thread's cp.async copies have landed; they are then visible to it.
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // 16-byte loads: kVec<T> elements of T widened exactly to f32. load_raw keeps the bits
 // (the block kernel stages them in shared memory in T), widen_vec widens them.
 template <typename T>
@@ -149,34 +250,54 @@ template <typename T>
 __device__ __forceinline__ uint4 load_raw(const T* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
-template <typename H2>
-__device__ __forceinline__ float2 widen2(std::uint32_t bits);
-template <>
-__device__ __forceinline__ float2 widen2<__nv_bfloat162>(std::uint32_t bits) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
-}
-template <>
-__device__ __forceinline__ float2 widen2<__half2>(std::uint32_t bits) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
-}
+// The two 16-bit elements of a word as f32, the low one first. bf16 is the top half of
+// an f32: a shift and a mask (one instruction each).
 template <typename T>
-__device__ __forceinline__ void widen_vec(const uint4& q, float (&v)[kVec<T>]) {
-  if constexpr (std::is_same_v<T, float>) {
-    v[0] = __uint_as_float(q.x); v[1] = __uint_as_float(q.y);
-    v[2] = __uint_as_float(q.z); v[3] = __uint_as_float(q.w);
+__device__ __forceinline__ float2 widen2(std::uint32_t bits) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
   } else {
-    using H2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-    const std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = widen2<H2>(w[i]);
+    static_assert(std::is_same_v<T, __nv_bfloat16>);
+    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+  }
+}
+// The words of a load, widened: 4 words of f32, or 2 · W elements of f16 / bf16.
+template <typename T, int W>
+__device__ __forceinline__ void widen_words(const std::uint32_t (&w)[W],
+                                            float (&v)[W * (sizeof(T) == 4 ? 1 : 2)]) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      v[i] = __uint_as_float(w[i]);
+    } else {
+      const float2 f = widen2<T>(w[i]);
       v[2 * i] = f.x;
       v[2 * i + 1] = f.y;
     }
   }
 }
 template <typename T>
+__device__ __forceinline__ void widen_vec(const uint4& q, float (&v)[kVec<T>]) {
+  const std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  widen_words<T>(w, v);
+}
+template <typename T>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec<T>]) {
   widen_vec<T>(load_raw(p), v);
+}
+// Four consecutive elements of shared memory widened (8 bytes for f16 / bf16, 16 for f32).
+// REQUIRES: p aligned to 4 elements.
+template <typename T>
+__device__ __forceinline__ void load4_widened(const T* p, float (&v)[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    widen_words<T>(w, v);
+  } else {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    const std::uint32_t w[2] = {q.x, q.y};
+    widen_words<T>(w, v);
+  }
 }
 
 // max |x| as f32 bits: non-negative floats order like their bits, and every NaN (sign
@@ -247,6 +368,17 @@ __global__ void fp8_scale_kernel(const unsigned* amax_bits, bool has_given_amax,
   *scale_inv = __fdiv_rn(1.0f, s);
 }
 
+// NVFP4's global encode scale S_enc on the device (one thread), the twin of the CPU's
+// nvfp4_global_encode_scale: min(448 · 6 / amax, FLT_MAX) (fminf: a NaN amax gives
+// FLT_MAX), 1 when amax is 0 or the quotient is 0 (amax inf). From amax_kernel's bits, or
+// `given_amax` (a group-reduced amax) when has_given_amax.
+__global__ void nvfp4_scale_kernel(const unsigned* amax_bits, bool has_given_amax,
+                                   float given_amax, float* s_enc) {
+  const float amax = has_given_amax ? given_amax : __uint_as_float(*amax_bits);
+  const float s = fminf(__fdiv_rn(448.0f * 6.0f, amax), FLT_MAX);
+  *s_enc = amax == 0.0f || s == 0.0f ? 1.0f : s;
+}
+
 // Where a block of a tiled kernel (per_tensor_kernel, block_tile_kernel) works: the grid
 // is one-dimensional, one block per tile of 128 x 128 (up to 2³¹ − 1 tiles), and walks
 // the tiles from the END of the tensor backwards — block 0 takes the last column tile of
@@ -271,20 +403,20 @@ __device__ __forceinline__ TileOrigin tile_from_the_end(long long col_tiles, int
 //   load   each thread reads 16 bytes of a row at once (kVec elements), casts them and
 //          writes its bytes of the rowwise copy (a row's 128 bytes by consecutive
 //          threads), keeping them in shared memory;
-//   store  the transpose: warp w, lane l takes transposed row c = 32 · (w % 4) + l and
-//          16 consecutive bytes of it (16 tile rows, segment s), so the 32 lanes read one
-//          row of shared memory at 32 consecutive bytes (8 banks, no conflict) and each
-//          writes 16 bytes; the 8 segments of a 128-byte transposed row come from
-//          different warps and meet in L2.
+//   store  the transpose: lane l of warp w takes tile columns 4l ... 4l + 3 (four
+//          transposed rows) in tile rows 16w ... 16w + 15 (segment w). It reads the four
+//          columns' bytes of a row as one word (the warp reads a whole 128-byte tile row:
+//          no bank conflict), transposes 4 x 4 bytes at a time with byte permutes, and
+//          writes each column's 16 bytes at once; the 8 segments of a 128-byte transposed
+//          row come from different warps and meet in L2.
 // REQUIRES: x 16-byte aligned, cols a multiple of 16 and, for the transpose, rows a
 // multiple of 16 (check_quantizable).
 constexpr int kCastTile = 128, kCastThreads = 256, kCastPad = 8;  // rows stay 8-byte aligned
 
-template <typename T>
+template <typename T, CastFormat F>
 __global__ void __launch_bounds__(kCastThreads)
     per_tensor_kernel(const T* x, long long rows, long long cols, long long col_tiles,
-                      const float* scale_ptr, bool e5m2, std::uint8_t* row_out,
-                      std::uint8_t* col_out) {
+                      const float* scale_ptr, std::uint8_t* row_out, std::uint8_t* col_out) {
   constexpr int V = kVec<T>;
   constexpr int kThreadsPerRow = kCastTile / V;
   constexpr int kRowsPerPass = kCastThreads / kThreadsPerRow;
@@ -303,12 +435,7 @@ __global__ void __launch_bounds__(kCastThreads)
       float v[V];
       load_vec(x + r * cols + c, v);
       std::uint32_t words[V / 4];
-      for (int w = 0; w < V / 4; ++w) {
-        words[w] = 0;
-        for (int b = 0; b < 4; ++b) {
-          words[w] |= static_cast<std::uint32_t>(sat_fp8(v[4 * w + b] * scale, e5m2)) << (8 * b);
-        }
-      }
+      cast_words<F>(v, scale, words);
       if constexpr (V == 8) {
         const uint2 out = make_uint2(words[0], words[1]);
         if (row_out) *reinterpret_cast<uint2*>(row_out + r * cols + c) = out;
@@ -322,23 +449,26 @@ __global__ void __launch_bounds__(kCastThreads)
   if (col_out == nullptr) return;
   __syncthreads();
   const int warp = tid / 32, lane = tid % 32;
-  const int tc = 32 * (warp % 4) + lane;  // transposed row (tile column)
-  const long long ct = c0 + tc;
+  const int tc = 4 * lane, segment = warp;  // tile columns tc ... tc + 3, rows 16 · segment ...
+  if (c0 + tc >= cols || r0 + 16 * segment >= rows) return;  // whole segments (REQUIRES)
+  std::uint32_t words[4][4];  // [column][four rows each]
 #pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {
-    const int segment = warp / 4 + 2 * pass;  // 16 tile rows each: 0 ... 7
-    const long long rb = r0 + 16 * segment;
-    if (ct < cols && rb < rows) {
-      alignas(16) std::uint8_t b[16];
-      for (int i = 0; i < 16; ++i) b[i] = tile[16 * segment + i][tc];
-      std::uint8_t* dst = col_out + ct * rows + rb;
-      if (rb + 16 <= rows) {
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
-      } else {
-        for (int i = 0; rb + i < rows; ++i) dst[i] = b[i];
-      }
+  for (int g = 0; g < 4; ++g) {
+    std::uint32_t w[4];  // rows 4g ... 4g + 3, the four columns' bytes each
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = *reinterpret_cast<const std::uint32_t*>(&tile[16 * segment + 4 * g + i][tc]);
     }
+    // The 4 x 4 byte transpose: word k gets byte k of w[0] ... w[3].
+    const std::uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
+    const std::uint32_t hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
+    words[0][g] = __byte_perm(lo01, lo23, 0x5410);
+    words[1][g] = __byte_perm(lo01, lo23, 0x7632);
+    words[2][g] = __byte_perm(hi01, hi23, 0x5410);
+    words[3][g] = __byte_perm(hi01, hi23, 0x7632);
   }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) store_words(col_out + (c0 + tc + k) * rows + r0 + 16 * segment, words[k]);
 }
 
 // A block's scale from its amax: the factor its elements are multiplied by before the
@@ -369,10 +499,10 @@ struct BlockScaler {
   __device__ __forceinline__ BlockScale<R> of(float amax) const {
     if constexpr (R == BlockRecipe::kFp8Block) {
       const float factor = fp8_block_scale_dev(amax);
-      return {factor, __fdiv_rn(1.0f, factor)};
+      return {factor, power_of_two_reciprocal(factor)};
     } else if constexpr (R == BlockRecipe::kMxfp8) {
-      const std::uint8_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
-      return {e8m0_reciprocal_dev(e), e};
+      const std::uint32_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
+      return {e8m0_reciprocal_dev(e), static_cast<std::uint8_t>(e)};
     } else {
       const float decode = amax * s_enc_over_6;
       const std::uint8_t sb = sat_fp8(fminf(decode, FLT_MAX), false);
@@ -381,10 +511,9 @@ struct BlockScaler {
   }
 };
 
+// A block recipe's element format: E2M1 for NVFP4, E4M3 for the others.
 template <BlockRecipe R>
-__device__ __forceinline__ std::uint8_t block_cast(float v) {
-  return R == BlockRecipe::kNvfp4 ? sat_e2m1(v) : sat_fp8(v, false);
-}
+constexpr CastFormat kBlockFormat = R == BlockRecipe::kNvfp4 ? CastFormat::kE2M1 : CastFormat::kE4M3;
 
 // Block amaxes are reduced as magnitude keys: the bits of |v| in T's own format (sign bit
 // cleared), two to a 32-bit word for f16 / bf16 (the words of a 16-byte load masked, no
@@ -433,39 +562,17 @@ __device__ __forceinline__ float amax_of_bits(unsigned bits) {
   return bits > 0x7f800000u ? __uint_as_float(0x7fc00000u) : __uint_as_float(bits);
 }
 
-// N values (4, 8 or 16) times `factor`, cast, stored as N consecutive bytes in one store.
-// REQUIRES: dst aligned to N bytes.
-template <BlockRecipe R, int N>
-__device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N], float factor) {
-  std::uint32_t words[N / 4];
-#pragma unroll
-  for (int w = 0; w < N / 4; ++w) {
-    words[w] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      words[w] |= static_cast<std::uint32_t>(block_cast<R>(v[4 * w + b] * factor)) << (8 * b);
-    }
-  }
-  if constexpr (N == 16) {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
-  } else if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
-  } else {
-    static_assert(N == 4);
-    *reinterpret_cast<std::uint32_t*>(dst) = words[0];
-  }
-}
-
 // The block recipes' quantization, one 256-thread block per tile of 128 x 128 elements of
 // the tensor (tile_from_the_end), each copy quantized from high precision as on the CPU.
 // V = kVec<T> (8 for f16 / bf16, 4 for f32) elements make one 16-byte load; a tile row is
 // read by 128 / V threads, and the 256 threads form 256 / (128 / V) row groups (16 or 8)
 // of 128 / groups (8 or 16) consecutive tile rows each: thread t reads the V columns
 // (t mod 128/V) · V ... of every row of its group's chunk.
-//   load     each thread keeps its loads in registers; where a columnwise copy or a 2-D
-//            block needs the whole tile, it also stores the raw bits in shared memory in
-//            T (32 KB for f16 / bf16, 64 KB for f32; exact either way), and it keeps the
-//            max |v| of each of its V columns over its chunk (the columnwise partials).
+//   load     each thread copies its chunk's rows into the tile in shared memory, in T
+//            (32 KB for f16 / bf16, 64 KB for f32; exact either way), with cp.async, all
+//            of them in flight at once; then it reads its own rows back one at a time and
+//            keeps the max |v| of each of its V columns over its chunk (the columnwise
+//            partials).
 //   rowwise  (1 x BC blocks) a block's BC elements are the loads of BC / V consecutive
 //            threads of one row (2 to 32, aligned in the warp): their amax is a
 //            butterfly of __shfl_xor_sync over those lanes, every lane computes the
@@ -475,16 +582,15 @@ __device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N
 //            memory [groups][128]; a block of BC rows covers BC / chunk groups (BC is a
 //            multiple of the chunk), so one thread per (tile column, block) reduces them,
 //            computes the factor, writes the scale_inv and leaves the factor in shared
-//            memory. Then, as per_tensor_kernel, warp w, lane l takes transposed row
-//            (tile column) 32 · (w % 4) + l and four segments of 16 tile rows
-//            (4 · (w / 4) ... + 3, i.e. 64 consecutive bytes of the transposed row): it
-//            reads the 16 values from the staged tile (the 32 lanes read consecutive
-//            elements of one tile row: no bank conflict), multiplies them by the factor
-//            of the block they lie in (a segment never straddles two: BC is a multiple
-//            of 16), casts them and writes 16 bytes.
+//            memory. Then lane l of warp w takes tile columns 4l ... 4l + 3 (four
+//            transposed rows) in tile rows 16w ... 16w + 15 (segment w, which never
+//            straddles two blocks: BC is a multiple of 16): it reads the four columns of a
+//            row at once (the warp reads a whole tile row: no bank conflict), multiplies
+//            each value by its block's factor, casts four rows of a column into a word,
+//            and writes each column's 16 bytes at once.
 //   2-D      (128 x 128 blocks, FP8 block scaling's weights: tile = block) one amax for
 //            the tile by a block reduction, one factor for both copies; the rowwise copy
-//            from the staged tile (each thread its own loads), the columnwise as above.
+//            from the tile (each thread its own rows), the columnwise as above.
 // The tensor's amax (amax_bits, if not null): the same bits max-reduced over the tile, one
 // atomicMax per block (max is exact in any order).
 // Tiles are aligned to 128 and every block lies in one tile (BC divides 128); in a tile
@@ -495,9 +601,10 @@ __device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N
 constexpr int kBlockTile = 128, kBlockThreads = 256;
 template <typename T>
 constexpr std::size_t kBlockTileBytes = sizeof(T) * kBlockTile * kBlockTile;
-// Blocks per SM the registers must allow: 4 for f16 / bf16 (64 registers a thread; the
-// shared memory would allow 5: a 32 KB tile and up to 8 KB of partials and factors), 3
-// for f32 (80 registers; 64 KB + 8 KB of shared memory allow 3). Before sm_89 the FP8
+// Blocks per SM the registers must allow: 5 for f16 / bf16 (48 registers a thread, none
+// spilled on sm_90; what the shared memory allows too: a 32 KB tile and up to 8 KB of
+// partials and factors), 3 for f32 (80 registers; 64 KB + 8 KB of shared memory allow 3).
+// More blocks keep more of the tile copies in flight. Before sm_89 the FP8
 // casts are emulated in software and need more registers: 3 there (80), so nothing spills.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 constexpr bool kSoftwareFp8Cast = true;
@@ -505,12 +612,12 @@ constexpr bool kSoftwareFp8Cast = true;
 constexpr bool kSoftwareFp8Cast = false;
 #endif
 template <typename T>
-constexpr int kBlockMinBlocksPerSm = sizeof(T) == 4 || kSoftwareFp8Cast ? 3 : 4;
+constexpr int kBlockMinBlocksPerSm = sizeof(T) == 4 || kSoftwareFp8Cast ? 3 : 5;
 
 template <typename T, BlockRecipe R, int BC, bool kTwoD>
 __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
     block_tile_kernel(const T* __restrict__ x, long long rows, long long cols,
-                      long long col_tiles, float s_enc, std::uint8_t* row_data,
+                      long long col_tiles, const float* s_enc, std::uint8_t* row_data,
                       void* row_scale_inv, std::uint8_t* col_data, void* col_scale_inv,
                       unsigned* amax_bits) {
   constexpr int V = kVec<T>;
@@ -537,7 +644,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   T* const tile = reinterpret_cast<T*>(block_tile_storage);
   // The columnwise partials: [group][tile column], the largest key of the group's chunk.
   __shared__ __align__(16) typename MagnitudeKeys<T>::Key col_partial[kTwoD ? 1 : kGroups][kBlockTile];
-  __shared__ float col_factor[kTwoD ? 1 : kBlocksPerLine][kBlockTile];  // the blocks' factors
+  __shared__ __align__(16) float col_factor[kTwoD ? 1 : kBlocksPerLine][kBlockTile];  // the blocks' factors
   __shared__ std::uint32_t warp_key[kBlockThreads / 32];
 
   const TileOrigin origin = tile_from_the_end(col_tiles, kBlockTile);
@@ -549,8 +656,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   const int cc = (tid % kThreadsPerRow) * V;  // the thread's first column in the tile
   const long long c = c0 + cc;
   const bool in_cols = cc < tile_cols;  // cols is a multiple of 16: a load is in or out
-  const bool staged = kTwoD || col_data != nullptr;
-  const BlockScaler<R> scaler(s_enc);
+  const BlockScaler<R> scaler(R == BlockRecipe::kNvfp4 ? *s_enc : 0.0f);
 
   using Keys = MagnitudeKeys<T>;
   // The largest key of each of the thread's V columns over its chunk, in the words of its
@@ -564,44 +670,43 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   const int rows_inside = in_cols ? tile_rows - chunk_row : 0;
   const long long chunk_start = (r0 + chunk_row) * cols + c;
   const long long chunk_scale_index = (r0 + chunk_row) * (cols / BC) + c / BC;
-  // Up to 8 loads in flight per thread, the batches one after the other (f32 has two:
-  // all 16 at once would take 64 registers).
-  constexpr int kBatch = kChunk < 8 ? kChunk : 8;
-#pragma unroll 1
-  for (int first = 0; first < kChunk; first += kBatch) {
-    uint4 raw[kBatch];
+  // The chunk's rows go straight from global to shared memory (cp.async: all of them in
+  // flight at once, 128 or 256 bytes a thread, without holding registers — the kernel
+  // waits on memory, not on its arithmetic, so what it keeps in flight sets its speed);
+  // rows outside the tensor are zero-filled. Each thread then reads back its own rows
+  // (visible to it once it has waited: no barrier needed).
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      raw[b] = make_uint4(0u, 0u, 0u, 0u);
-      if (first + b < rows_inside) raw[b] = load_raw(x + chunk_start + (first + b) * cols);
-    }
+  for (int p = 0; p < kChunk; ++p) {
+    const bool inside = p < rows_inside;
+    copy_async_16(tile + (chunk_row + p) * kBlockTile + cc, inside ? x + chunk_start + p * cols : x,
+                  inside);
+  }
+  copy_async_wait_all();
+#pragma unroll 2
+  for (int p = 0; p < kChunk; ++p) {  // the row in the chunk
+    const bool inside = p < rows_inside;
+    const uint4 raw = *reinterpret_cast<const uint4*>(tile + (chunk_row + p) * kBlockTile + cc);
+    const std::uint32_t keys[4] = {raw.x & Keys::kMask, raw.y & Keys::kMask,
+                                   raw.z & Keys::kMask, raw.w & Keys::kMask};
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int p = first + b;  // the row in the chunk
-      const bool inside = p < rows_inside;
-      if (staged && inside) *reinterpret_cast<uint4*>(tile + (chunk_row + p) * kBlockTile + cc) = raw[b];
-      const std::uint32_t keys[4] = {raw[b].x & Keys::kMask, raw[b].y & Keys::kMask,
-                                     raw[b].z & Keys::kMask, raw[b].w & Keys::kMask};
+    for (int i = 0; i < 4; ++i) col_keys[i] = Keys::max_of(col_keys[i], keys[i]);
+    std::uint32_t row_key =
+        Keys::top(Keys::max_of(Keys::max_of(keys[0], keys[1]), Keys::max_of(keys[2], keys[3])));
+    thread_key = max(thread_key, row_key);
+    if constexpr (!kTwoD) {
+      if (row_data != nullptr) {  // uniform: every lane takes part in the shuffles
 #pragma unroll
-      for (int i = 0; i < 4; ++i) col_keys[i] = Keys::max_of(col_keys[i], keys[i]);
-      std::uint32_t row_key =
-          Keys::top(Keys::max_of(Keys::max_of(keys[0], keys[1]), Keys::max_of(keys[2], keys[3])));
-      thread_key = max(thread_key, row_key);
-      if constexpr (!kTwoD) {
-        if (row_data != nullptr) {  // uniform: every lane takes part in the shuffles
-#pragma unroll
-          for (int offset = kLanesPerBlock / 2; offset > 0; offset >>= 1) {
-            row_key = max(row_key, __shfl_xor_sync(0xffffffffu, row_key, offset));
+        for (int offset = kLanesPerBlock / 2; offset > 0; offset >>= 1) {
+          row_key = max(row_key, __shfl_xor_sync(0xffffffffu, row_key, offset));
+        }
+        const BlockScale<R> s = scaler.of(amax_of_bits(Keys::amax_bits_of(row_key)));
+        if (inside) {
+          if (tid % kLanesPerBlock == 0) {
+            s.write_scale_inv(row_scale_inv, chunk_scale_index + p * (cols / BC));
           }
-          const BlockScale<R> s = scaler.of(amax_of_bits(Keys::amax_bits_of(row_key)));
-          if (inside) {
-            if (tid % kLanesPerBlock == 0) {
-              s.write_scale_inv(row_scale_inv, chunk_scale_index + p * (cols / BC));
-            }
-            float v[V];
-            widen_vec<T>(raw[b], v);
-            cast_store<R>(row_data + chunk_start + p * cols, v, s.factor);
-          }
+          float v[V];
+          widen_vec<T>(raw, v);
+          cast_store<kBlockFormat<R>>(row_data + chunk_start + p * cols, v, s.factor);
         }
       }
     }
@@ -639,7 +744,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
         const int rr = group * kChunk + p;
         float v[V];
         widen_vec<T>(*reinterpret_cast<const uint4*>(tile + rr * kBlockTile + cc), v);
-        cast_store<R>(row_data + (r0 + rr) * cols + c, v, tile_factor);
+        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor);
       }
     }
     if (col_data == nullptr) return;
@@ -662,19 +767,31 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
     __syncthreads();
   }
 
-  const int tc = 32 * (warp % 4) + lane;  // transposed row (tile column)
-  if (tc >= tile_cols) return;
-  std::uint8_t* const dst = col_data + (c0 + tc) * rows + r0;
-#pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {
-    const int segment = 4 * (warp / 4) + pass;  // tile rows 16 · segment ...
-    if (16 * segment >= tile_rows) break;  // whole segments: rows is a multiple of BC
-    float v[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = to_float(tile[(16 * segment + i) * kBlockTile + tc]);
-    const float factor = kTwoD ? tile_factor : col_factor[kTwoD ? 0 : 16 * segment / BC][tc];
-    cast_store<R>(dst + 16 * segment, v, factor);
+  // The transposed store: lane l of warp w takes tile columns 4l ... 4l + 3 (four
+  // transposed rows) in tile rows 16w ... 16w + 15 (segment w: it lies in one block).
+  const int tc = 4 * lane, segment = warp;
+  if (tc >= tile_cols || 16 * segment >= tile_rows) return;  // whole segments (see above)
+  float factor[4];
+  if constexpr (kTwoD) {
+    factor[0] = factor[1] = factor[2] = factor[3] = tile_factor;
+  } else {
+    const float4 f = *reinterpret_cast<const float4*>(&col_factor[16 * segment / BC][tc]);
+    factor[0] = f.x, factor[1] = f.y, factor[2] = f.z, factor[3] = f.w;
   }
+  std::uint32_t words[4][4];  // [column][four rows each]
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    float v[4][4];  // [row][column]
+#pragma unroll
+    for (int i = 0; i < 4; ++i) load4_widened(tile + (16 * segment + 4 * g + i) * kBlockTile + tc, v[i]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      words[k][g] = cast4<kBlockFormat<R>>(v[0][k] * factor[k], v[1][k] * factor[k],
+                                           v[2][k] * factor[k], v[3][k] * factor[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) store_words(col_data + (c0 + tc + k) * rows + r0 + 16 * segment, words[k]);
 }
 
 // values[i] = element i of the copy decoded, times its block's scale_inv (none for a
@@ -729,7 +846,7 @@ Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), 
 // Both copies of a block recipe's quantization in one pass over x (block_tile_kernel).
 // amax_bits: where the kernel max-reduces the tensor's amax (f32 bits), or null.
 template <BlockRecipe R, int BC, bool kTwoD, typename T>
-void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, float s_enc,
+void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, const float* s_enc,
                         QuantizedData& q, unsigned* amax_bits) {
   auto kernel = block_tile_kernel<T, R, BC, kTwoD>;
   // The f32 tile is 64 KB: above the 48 KB a kernel gets without asking.
@@ -752,7 +869,7 @@ void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, float 
 }
 
 template <BlockRecipe R, int BC, bool kTwoD>
-void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols, float s_enc,
+void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols, const float* s_enc,
                         QuantizedData& q, unsigned* amax_bits) {
   switch (x.dtype()) {
     case DType::kF32:
@@ -813,11 +930,11 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
         static_cast<float*>(q->scale.raw()), static_cast<float*>(scale_inv.raw()));
     TPCHECK_LAUNCH_CHECK();
     if (o.usage.rowwise) {
-      q->rowwise_data = Tensor({rows, cols}, q->format, Device::kCuda);
+      q->rowwise_data = Tensor::empty({rows, cols}, q->format, Device::kCuda);
       q->rowwise_scale_inv = scale_inv;
     }
     if (o.usage.columnwise) {
-      q->columnwise_data = Tensor({cols, rows}, q->format, Device::kCuda);
+      q->columnwise_data = Tensor::empty({cols, rows}, q->format, Device::kCuda);
       q->columnwise_scale_inv = scale_inv;
     }
     if (rows * cols > 0) {
@@ -827,24 +944,25 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
                           "{} {}: too large for the GPU cast kernel ({} x {} tiles of 128)", what,
                           x.describe(), row_tiles, col_tiles);
       const unsigned grid = static_cast<unsigned>(row_tiles * col_tiles);  // tile_from_the_end
-      const bool e5m2 = q->format == DType::kF8E5M2;
       const auto* scale_ptr = static_cast<const float*>(q->scale.raw());
       std::uint8_t* row_out = o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr;
       std::uint8_t* col_out = o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr;
-      const void* xp = aligned.raw();
-      switch (x.dtype()) {
-        case DType::kF32:
-          per_tensor_kernel<<<grid, kCastThreads, 0, current_stream()>>>(
-              static_cast<const float*>(xp), rows, cols, col_tiles, scale_ptr, e5m2, row_out, col_out);
-          break;
-        case DType::kF16:
-          per_tensor_kernel<<<grid, kCastThreads, 0, current_stream()>>>(
-              static_cast<const __half*>(xp), rows, cols, col_tiles, scale_ptr, e5m2, row_out, col_out);
-          break;
-        default:
-          per_tensor_kernel<<<grid, kCastThreads, 0, current_stream()>>>(
-              static_cast<const __nv_bfloat16*>(xp), rows, cols, col_tiles, scale_ptr, e5m2, row_out, col_out);
-          break;
+      const auto launch = [&](auto* typed, auto format) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(typed)>>;
+        per_tensor_kernel<T, decltype(format)::value><<<grid, kCastThreads, 0, current_stream()>>>(
+            typed, rows, cols, col_tiles, scale_ptr, row_out, col_out);
+      };
+      const auto launch_typed = [&](auto format) {
+        switch (x.dtype()) {
+          case DType::kF32: launch(static_cast<const float*>(aligned.raw()), format); break;
+          case DType::kF16: launch(static_cast<const __half*>(aligned.raw()), format); break;
+          default: launch(static_cast<const __nv_bfloat16*>(aligned.raw()), format); break;
+        }
+      };
+      if (q->format == DType::kF8E5M2) {
+        launch_typed(std::integral_constant<CastFormat, CastFormat::kE5M2>{});
+      } else {
+        launch_typed(std::integral_constant<CastFormat, CastFormat::kE4M3>{});
       }
       TPCHECK_LAUNCH_CHECK();
     }
@@ -853,8 +971,8 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
 
   // The block recipes. Their blocks carry their own scales; the tensor's amax is kept
   // (FP8 block scaling and MXFP8: max-reduced by the block kernel as it reads the tiles;
-  // NVFP4 needs it before the first cast, for its global scale: a pass of its own, read
-  // back, the scale computed on the host).
+  // NVFP4 needs it before the first cast, for its global scale: a pass of its own, the
+  // scale computed on the device).
   const bool amax_first = o.recipe == Recipe::kNvfp4;
   Tensor amax_bits;  // the f32 bits of max |x|
   if (amax_first) {
@@ -872,12 +990,12 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
                             : o.recipe == Recipe::kMxfp8  ? DType::kF8E8M0
                                                           : DType::kF8E4M3;
   if (o.usage.rowwise) {
-    q->rowwise_data = Tensor({rows, cols}, q->format, Device::kCuda);
-    q->rowwise_scale_inv = Tensor({rows / br, cols / bc}, scale_dtype, Device::kCuda);
+    q->rowwise_data = Tensor::empty({rows, cols}, q->format, Device::kCuda);
+    q->rowwise_scale_inv = Tensor::empty({rows / br, cols / bc}, scale_dtype, Device::kCuda);
   }
   if (o.usage.columnwise) {
-    q->columnwise_data = Tensor({cols, rows}, q->format, Device::kCuda);
-    q->columnwise_scale_inv = Tensor({cols / br, rows / bc}, scale_dtype, Device::kCuda);
+    q->columnwise_data = Tensor::empty({cols, rows}, q->format, Device::kCuda);
+    q->columnwise_scale_inv = Tensor::empty({cols / br, rows / bc}, scale_dtype, Device::kCuda);
   }
   if (rows * cols == 0) {
     if (o.recipe == Recipe::kNvfp4) q->scale = scalar(nvfp4_global_encode_scale(o.amax.value_or(0.0f)));
@@ -886,18 +1004,21 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   switch (o.recipe) {
     case Recipe::kFp8Block:
       if (br == 1) {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, 0.0f, *q, fused_amax);
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, nullptr, *q, fused_amax);
       } else {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, 0.0f, *q, fused_amax);
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, nullptr, *q, fused_amax);
       }
       break;
     case Recipe::kMxfp8:
-      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, 0.0f, *q, fused_amax);
+      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, nullptr, *q, fused_amax);
       break;
     default: {  // kNvfp4 (check_quantizable rejected kNone)
-      const float amax = o.amax.value_or(static_cast<float>(amax_bits.at(0)));
-      const float s_enc = nvfp4_global_encode_scale(amax);
-      q->scale = scalar(s_enc);
+      // S_enc on the device, from the amax pass or the given amax: no host round trip.
+      q->scale = Tensor({1}, DType::kF32, Device::kCuda);
+      auto* s_enc = static_cast<float*>(q->scale.raw());
+      nvfp4_scale_kernel<<<1, 1, 0, current_stream()>>>(static_cast<const unsigned*>(amax_bits.raw()),
+                                                       o.amax.has_value(), o.amax.value_or(0.0f), s_enc);
+      TPCHECK_LAUNCH_CHECK();
       launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, s_enc, *q, nullptr);
       break;
     }
