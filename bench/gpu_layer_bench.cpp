@@ -154,11 +154,18 @@ int run(int argc, char** argv) {
       QuantizeOptions o;
       o.recipe = recipe;
       o.role = role;
-      o.usage = QuantUsage{true, true};
       std::shared_ptr<QuantizedData> q;
-      const double s = median_seconds(*be, 10, [&] {
-                         for (int i = 0; i < kBackToBack; ++i) q = be->quantize(x, o, "bench");
-                       }) / kBackToBack;
+      const auto back_to_back = [&](QuantUsage usage) {
+        o.usage = usage;
+        return median_seconds(*be, 10, [&] {
+                 for (int i = 0; i < kBackToBack; ++i) q = be->quantize(x, o, "bench");
+               }) / kBackToBack;
+      };
+      // Each copy alone too: where the time goes between the rowwise stores (whole rows
+      // per warp) and the transposed ones (16-byte pieces of 128 different rows a tile).
+      const double rowwise_only = back_to_back(QuantUsage{true, false});
+      const double columnwise_only = back_to_back(QuantUsage{false, true});
+      const double s = back_to_back(QuantUsage{true, true});
       const double single = median_seconds(*be, 10, [&] { q = be->quantize(x, o, "bench"); });
       const double bytes = static_cast<double>(x.nbytes()) + 2.0 * n * n;  // + scales (small)
       // What the kernels move: FP8 current scaling and NVFP4 read the input once more in
@@ -169,10 +176,12 @@ int run(int argc, char** argv) {
       std::printf(
           "quantize %s (bf16 %lldx%lld, rowwise + columnwise): %.3f ms a call back to back, "
           "%.0f GB/s = %.0f%% of the copy bandwidth (%.0f GB/s); the kernels' traffic (an "
-          "amax pass's read included) %.0f GB/s = %.0f%%; one call with a host wait: %.3f ms\n",
+          "amax pass's read included) %.0f GB/s = %.0f%%; one call with a host wait: %.3f ms; "
+          "rowwise copy only %.3f ms, columnwise only %.3f ms\n",
           std::string(recipe_name(recipe)).c_str(), static_cast<long long>(n),
           static_cast<long long>(n), s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / copy_rate,
-          copy_rate / 1e9, traffic / s / 1e9, 100.0 * traffic / s / copy_rate, single * 1e3);
+          copy_rate / 1e9, traffic / s / 1e9, 100.0 * traffic / s / copy_rate, single * 1e3,
+          rowwise_only * 1e3, columnwise_only * 1e3);
     }
   }
   // TPCHECK_BENCH_QUANTIZE_ONLY=1: the copy, GEMM and quantization figures only.
