@@ -671,9 +671,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   const long long chunk_start = (r0 + chunk_row) * cols + c;
   const long long chunk_scale_index = (r0 + chunk_row) * (cols / BC) + c / BC;
   // The chunk's rows go straight from global to shared memory (cp.async: all of them in
-  // flight at once, 128 or 256 bytes a thread, without holding registers — the kernel
-  // waits on memory, not on its arithmetic, so what it keeps in flight sets its speed);
-  // rows outside the tensor are zero-filled. Each thread then reads back its own rows
+  // flight at once, 128 or 256 bytes a thread, without holding registers, so that five
+  // blocks fit an SM); rows outside the tensor are zero-filled. Each thread then reads back its own rows
   // (visible to it once it has waited: no barrier needed).
 #pragma unroll
   for (int p = 0; p < kChunk; ++p) {
