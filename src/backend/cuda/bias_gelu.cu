@@ -20,7 +20,6 @@
 //   h, da, y, dh   [rows, n]  T      bias [n] any kernel dtype (or none)
 //   partials       [chunks, n] R     dbias [n] any kernel dtype (accumulated)
 // Thread safety: see cuda_backend.h.
-#include <cstdint>
 #include <initializer_list>
 #include <optional>
 
@@ -37,12 +36,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// V values of T as one aligned access.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 template <typename Real>
 __device__ __forceinline__ Real bias_at(const void* bias, DType dtype, long long j) {
@@ -134,14 +127,8 @@ __global__ void __launch_bounds__(kColumnTile* kRowLanes)
   }
 }
 
-// Elements per access: 16 bytes' worth when n and every pointer allow it, else 1.
-template <typename T>
-constexpr int kWideV = sizeof(T) >= 8 ? 2 : 16 / static_cast<int>(sizeof(T));
-
-bool aligned_to(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
+// Whether the forward takes kWideV<T> elements per access (n and every pointer allow it);
+// else it takes 1.
 template <typename T>
 bool can_vectorize(long long n, std::initializer_list<const void*> pointers) {
   constexpr int V = kWideV<T>;

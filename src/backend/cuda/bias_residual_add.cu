@@ -15,7 +15,7 @@
 // Buffers (rows = numel / n):
 //   out, residual, y  [rows, n]  T      bias [n] any kernel dtype (or none)
 // Thread safety: see cuda_backend.h.
-#include <cstdint>
+#include <cstddef>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -28,12 +28,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// V values of T as one aligned access.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 template <typename T, int V>
 __global__ void bias_residual_add_kernel(const T* __restrict__ out, const void* __restrict__ bias,
@@ -57,14 +51,6 @@ __global__ void bias_residual_add_kernel(const T* __restrict__ out, const void* 
     }
     dst[p] = result;
   }
-}
-
-// Elements per access: 16 bytes' worth (2 for f64).
-template <typename T>
-constexpr int kWideV = sizeof(T) >= 8 ? 2 : 16 / static_cast<int>(sizeof(T));
-
-bool aligned_to(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
 template <typename T>

@@ -160,6 +160,20 @@ void set_layer_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Ui
   t->set_output(true).set_uid(uid).set_dim(bnsd_dims(b, n, s, d)).set_stride(sbnd_strides(b, n, d));
 }
 
+// The inputs q, k, v as both graphs declare them: names, uids, and the layers' layout by
+// strides (the file comment's table); their data type is the graph's io type (new_graph).
+struct QkvTensors {
+  std::shared_ptr<fe::graph::Tensor_attributes> q, k, v;
+};
+
+QkvTensors qkv_tensors(fe::graph::Graph& g, const Problem& p) {
+  QkvTensors t;
+  t.q = layer_tensor(g, "q", kQ, p.b, p.h, p.s, p.d);
+  t.k = layer_tensor(g, "k", kK, p.b, p.g, p.s, p.d);
+  t.v = layer_tensor(g, "v", kV, p.b, p.g, p.s, p.d);
+  return t;
+}
+
 std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(dtype == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
@@ -197,9 +211,7 @@ std::shared_ptr<FusedGraph> forward_graph(const Problem& p, cudnnHandle_t handle
   auto out = std::make_shared<FusedGraph>();
   out->graph = new_graph(p.dtype);
   fe::graph::Graph& g = *out->graph;
-  auto q = layer_tensor(g, "q", kQ, p.b, p.h, p.s, p.d);
-  auto k = layer_tensor(g, "k", kK, p.b, p.g, p.s, p.d);
-  auto v = layer_tensor(g, "v", kV, p.b, p.g, p.s, p.d);
+  auto [q, k, v] = qkv_tensors(g, p);
   fe::graph::SDPA_attributes options;
   options.set_name("tpcheck_attention_forward")
       .set_generate_stats(true)
@@ -221,9 +233,7 @@ std::shared_ptr<FusedGraph> backward_graph(const Problem& p, cudnnHandle_t handl
   auto out = std::make_shared<FusedGraph>();
   out->graph = new_graph(p.dtype);
   fe::graph::Graph& g = *out->graph;
-  auto q = layer_tensor(g, "q", kQ, p.b, p.h, p.s, p.d);
-  auto k = layer_tensor(g, "k", kK, p.b, p.g, p.s, p.d);
-  auto v = layer_tensor(g, "v", kV, p.b, p.g, p.s, p.d);
+  auto [q, k, v] = qkv_tensors(g, p);
   auto o = layer_tensor(g, "o", kO, p.b, p.h, p.s, p.d);
   auto dout = layer_tensor(g, "dout", kDO, p.b, p.h, p.s, p.d);
   auto stats = g.tensor(fe::graph::Tensor_attributes()

@@ -1,5 +1,6 @@
 // kernel_util.cuh — what every kernel file shares: storage types per DType, exact
-// widening to the compute type, one rounding (nearest even) back to storage, dispatch.
+// widening to the compute type, one rounding (nearest even) back to storage, dispatch,
+// and the 16-byte packs of the vectorized elementwise kernels.
 //
 // Kernels are templates over the storage type T (double, float, __half, __nv_bfloat16)
 // and compute in Real = ComputeType<T> (double for double, float otherwise), as the CPU
@@ -10,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 
@@ -133,6 +136,28 @@ inline void check_cuda_operand(std::string_view op, std::string_view what, const
   TPCHECK_CHECK_INPUT(is_kernel_dtype(t.dtype()),
                       "{}: {} is {}; the CUDA backend takes f64, f32, f16 or bf16 here", op,
                       what, t.describe());
+}
+
+// ---- vectorized access (bias_gelu.cu, bias_residual_add.cu) ----------------------------
+// A kernel over [rows, n] reads and writes V elements as one access where V divides n (a
+// pack never wraps a row) and every pointer is aligned to sizeof(T)·V; the host checks
+// that (aligned_to) and else launches the same kernel with V = 1. Only the width of the
+// loads and stores depends on V, so both paths give the same bits.
+
+// V values of T as one aligned access.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Elements per access at the widest: 16 bytes' worth (2 for f64).
+template <typename T>
+constexpr int kWideV = sizeof(T) >= 8 ? 2 : 16 / static_cast<int>(sizeof(T));
+
+// Whether p is a multiple of `bytes` (a Pack's sizeof(T)·V): the host's check before it
+// launches a Pack kernel on p.
+inline bool aligned_to(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
 }  // namespace tpcheck::cuda

@@ -284,6 +284,15 @@ HeldShape held_shape(long long n) {
   return {};
 }
 
+// Calls launch(std::integral_constant<int, K>{}) with held_shape's k (1, 2 or 4) as the
+// compile-time K that the held-rows kernels size their registers by.
+template <typename Launch>
+void with_held_k(int k, const Launch& launch) {
+  if (k == 1) launch(std::integral_constant<int, 1>{});
+  else if (k == 2) launch(std::integral_constant<int, 2>{});
+  else launch(std::integral_constant<int, 4>{});
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // Whether the held-rows kernels take this norm (the file comment's conditions).
@@ -332,9 +341,7 @@ void launch_norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, co
             <<<grid, shape.threads, 0, current_stream()>>>(xp, gp, bp, yp, mean, rstd, n, e,
                                                            layer_norm, zero_centered);
       };
-      if (shape.k == 1) launch(std::integral_constant<int, 1>{});
-      else if (shape.k == 2) launch(std::integral_constant<int, 2>{});
-      else launch(std::integral_constant<int, 4>{});
+      with_held_k(shape.k, launch);
       TPCHECK_LAUNCH_CHECK();
       return;
     }
@@ -369,9 +376,7 @@ void launch_norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, cons
             <<<grid, shape.threads, 0, current_stream()>>>(dyp, xp, gp, mean_p, rstd_p, dxp, n,
                                                            layer_norm, zero_centered);
       };
-      if (shape.k == 1) launch(std::integral_constant<int, 1>{});
-      else if (shape.k == 2) launch(std::integral_constant<int, 2>{});
-      else launch(std::integral_constant<int, 4>{});
+      with_held_k(shape.k, launch);
       TPCHECK_LAUNCH_CHECK();
       return;
     }
