@@ -17,9 +17,10 @@
 // lanes that loaded it (shuffles), never by one thread walking a block; the tiled kernels
 // walk the tensor from its end, where the L2 still holds what the pass before read last
 // (tile_from_the_end); outputs are allocated without a zero fill (Tensor::empty).
-// bench/gpu_layer_bench measures them against the copy bandwidth; Nsight Compute puts
-// the FP8 block kernels at 70–80 % of it by themselves, NVFP4's at 54 % (its E2M1 cast,
-// ~16 instructions an element, makes it compute-bound).
+// bench/gpu_layer_bench measures them against the copy bandwidth (45–50 % of it for the
+// FP8 block recipes, 2026-12-02): the transposed stores write half 32-byte sectors per
+// warp store, which bench/transpose_cast_bench.cu finds costly; NVFP4's E2M1 cast (~16
+// instructions an element, no hardware cast before sm_100) makes it compute-bound.
 // Thread safety: kernels run on the calling thread's stream (current_stream()).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
