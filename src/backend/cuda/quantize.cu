@@ -242,8 +242,8 @@ __device__ __forceinline__ void copy_async_16(void* dst_shared, const void* src,
 // Waits until this thread's cp.async copies have landed; they are then visible to it.
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// 16-byte loads: kVec<T> elements of T widened exactly to f32. load_raw keeps the bits
-// (the block kernel stages them in shared memory in T), widen_vec widens them.
+// 16-byte loads: kVec<T> elements of T widened exactly to f32. load_raw keeps the bits,
+// widen_vec widens them (the block kernel widens the rows it copied to shared memory).
 template <typename T>
 constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 
