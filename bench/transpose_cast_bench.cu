@@ -69,7 +69,10 @@ __device__ __forceinline__ uint2 cast8(uint4 raw, float scale) {
 // One block per TR × TC tile (row tiles slowest). kRowwise / kColumnwise: which copies
 // to store. K columns × S rows per lane in the transposed store (K = 4 or 2, S = 16 or
 // 32; (TC / K) · (TR / S) = 256 work items, one a thread).
-template <int TR, int TC, int K, int S, bool kRowwise, bool kColumnwise>
+// kPaired (K = 4, S = 16, TC = 128 only): half-warps take neighbouring 16-row segments of
+// the same 64 columns, so lanes l and l + 16 write the two halves of one 32-byte sector
+// (quantize.cu's TransposedSlice since 2026-12-02).
+template <int TR, int TC, int K, int S, bool kRowwise, bool kColumnwise, bool kPaired = false>
 __global__ void __launch_bounds__(kThreads)
     cast_kernel(const __nv_bfloat16* __restrict__ x, long long rows, long long cols, float scale,
                 std::uint8_t* row_out, std::uint8_t* col_out) {
@@ -91,7 +94,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!kColumnwise) return;
   __syncthreads();
-  const int tc = (tid % (TC / K)) * K, tr = (tid / (TC / K)) * S;
+  static_assert(!kPaired || (K == 4 && S == 16 && TC == 128), "the paired layout's shape");
+  const int warp = tid / 32, lane = tid % 32;
+  const int tc = kPaired ? 64 * (warp % 2) + 4 * (lane % 16) : (tid % (TC / K)) * K;
+  const int tr = kPaired ? 16 * (2 * (warp / 2) + lane / 16) : (tid / (TC / K)) * S;
   std::uint32_t words[K][S / 4];  // [column][four rows each]
 #pragma unroll
   for (int g = 0; g < S / 4; ++g) {
@@ -199,10 +205,14 @@ int main(int argc, char** argv) {
                 rate / 1e9, 100.0 * rate / copy_rate);
   };
   report("rowwise only, 128 x 128 tiles", 3, cast_kernel<128, 128, 4, 16, true, false>, 128, 128);
-  report("both, 128 x 128, lane 4 cols x 16 rows (quantize.cu)", 4,
+  report("both, 128 x 128, lane 4 cols x 16 rows (quantize.cu before 2026-12-02)", 4,
          cast_kernel<128, 128, 4, 16, true, true>, 128, 128);
   report("transposed only, 128 x 128, lane 4 x 16", 3, cast_kernel<128, 128, 4, 16, false, true>,
          128, 128);
+  report("both, 128 x 128, lane 4 x 16, half-warps paired (whole sectors; quantize.cu since "
+         "2026-12-02)", 4, cast_kernel<128, 128, 4, 16, true, true, true>, 128, 128);
+  report("transposed only, 128 x 128, lane 4 x 16, paired", 3,
+         cast_kernel<128, 128, 4, 16, false, true, true>, 128, 128);
   report("both, 128 x 128, lane 2 cols x 32 rows (whole sectors)", 4,
          cast_kernel<128, 128, 2, 32, true, true>, 128, 128);
   report("transposed only, 128 x 128, lane 2 x 32", 3, cast_kernel<128, 128, 2, 32, false, true>,

@@ -398,21 +398,38 @@ __device__ __forceinline__ TileOrigin tile_from_the_end(long long col_tiles, int
   return {(t / col_tiles) * tile_size, (t % col_tiles) * tile_size};
 }
 
+// The part of a 128 x 128 tile's transposed store a thread of a 256-thread block takes:
+// tile columns tc ... tc + 3 (four transposed rows) of the 16 tile rows of `segment`
+// (16 · segment ...), 16 bytes a column. Half-warps take neighbouring segments of the same
+// 64 columns — lanes l and l + 16 write the two halves of one 32-byte sector of every
+// transposed row — so each warp store writes 16 whole sectors. (Lane l taking columns
+// 4l ... of segment w, the simpler layout, writes 32 half sectors a store whose other
+// halves come from another warp: bench/transpose_cast_bench.cu measures it at about two
+// thirds of the whole-sector layout's speed on an H200.)
+struct TransposedSlice {
+  int tc, segment;
+};
+__device__ __forceinline__ TransposedSlice transposed_slice(int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  return {64 * (warp % 2) + 4 * (lane % 16), 2 * (warp / 2) + lane / 16};
+}
+
 // The per-tensor cast: rowwise [rows, cols] and its transpose [cols, rows] (either may
 // be null), each element x · scale cast to FP8 (RNE, saturating), `scale` read from the
 // device. One 256-thread block per tile of 128 rows x 128 columns (tile_from_the_end):
 //   load   each thread reads 16 bytes of a row at once (kVec elements), casts them and
 //          writes its bytes of the rowwise copy (a row's 128 bytes by consecutive
 //          threads), keeping them in shared memory;
-//   store  the transpose: lane l of warp w takes tile columns 4l ... 4l + 3 (four
-//          transposed rows) in tile rows 16w ... 16w + 15 (segment w). It reads the four
-//          columns' bytes of a row as one word (the warp reads a whole 128-byte tile row:
-//          no bank conflict), transposes 4 x 4 bytes at a time with byte permutes, and
-//          writes each column's 16 bytes at once; the 8 segments of a 128-byte transposed
-//          row come from different warps and meet in L2.
+//   store  the transpose, each lane four tile columns (four transposed rows) of one
+//          16-row segment (TransposedSlice: a warp's stores write whole 32-byte sectors).
+//          It reads the four columns' bytes of a row as one word, transposes 4 x 4 bytes
+//          at a time with byte permutes, and writes each column's 16 bytes at once.
 // REQUIRES: x 16-byte aligned, cols a multiple of 16 and, for the transpose, rows a
 // multiple of 16 (check_quantizable).
-constexpr int kCastTile = 128, kCastThreads = 256, kCastPad = 8;  // rows stay 8-byte aligned
+// The tile's rows are padded by one word (132 bytes apart), so that rows 16 apart — the two
+// halves of a warp in the transposed reads — fall in different banks (16 rows · 33 words
+// ≡ 16 banks); a row is then only 4-byte aligned, so the load writes it a word at a time.
+constexpr int kCastTile = 128, kCastThreads = 256, kCastPad = 4;
 
 template <typename T, CastFormat F>
 __global__ void __launch_bounds__(kCastThreads)
@@ -437,20 +454,16 @@ __global__ void __launch_bounds__(kCastThreads)
       load_vec(x + r * cols + c, v);
       std::uint32_t words[V / 4];
       cast_words<F>(v, scale, words);
-      if constexpr (V == 8) {
-        const uint2 out = make_uint2(words[0], words[1]);
-        if (row_out) *reinterpret_cast<uint2*>(row_out + r * cols + c) = out;
-        *reinterpret_cast<uint2*>(&tile[row_in_tile][col_in_tile]) = out;
-      } else {
-        if (row_out) *reinterpret_cast<std::uint32_t*>(row_out + r * cols + c) = words[0];
-        *reinterpret_cast<std::uint32_t*>(&tile[row_in_tile][col_in_tile]) = words[0];
+      if (row_out) store_words(row_out + r * cols + c, words);
+#pragma unroll
+      for (int w = 0; w < V / 4; ++w) {  // a word at a time: tile rows are 4-byte aligned
+        *reinterpret_cast<std::uint32_t*>(&tile[row_in_tile][col_in_tile + 4 * w]) = words[w];
       }
     }
   }
   if (col_out == nullptr) return;
   __syncthreads();
-  const int warp = tid / 32, lane = tid % 32;
-  const int tc = 4 * lane, segment = warp;  // tile columns tc ... tc + 3, rows 16 · segment ...
+  const auto [tc, segment] = transposed_slice(tid);
   if (c0 + tc >= cols || r0 + 16 * segment >= rows) return;  // whole segments (REQUIRES)
   std::uint32_t words[4][4];  // [column][four rows each]
 #pragma unroll
@@ -583,12 +596,11 @@ __device__ __forceinline__ float amax_of_bits(unsigned bits) {
 //            memory [groups][128]; a block of BC rows covers BC / chunk groups (BC is a
 //            multiple of the chunk), so one thread per (tile column, block) reduces them,
 //            computes the factor, writes the scale_inv and leaves the factor in shared
-//            memory. Then lane l of warp w takes tile columns 4l ... 4l + 3 (four
-//            transposed rows) in tile rows 16w ... 16w + 15 (segment w, which never
-//            straddles two blocks: BC is a multiple of 16): it reads the four columns of a
-//            row at once (the warp reads a whole tile row: no bank conflict), multiplies
-//            each value by its block's factor, casts four rows of a column into a word,
-//            and writes each column's 16 bytes at once.
+//            memory. Then each thread takes four tile columns of one 16-row segment
+//            (TransposedSlice; a segment never straddles two blocks: BC is a multiple of
+//            16): it reads the four columns of a row at once (a half-warp reads 64 or 128
+//            bytes of one tile row), multiplies each value by its block's factor, casts
+//            four rows of a column into a word, and writes each column's 16 bytes at once.
 //   2-D      (128 x 128 blocks, FP8 block scaling's weights: tile = block) one amax for
 //            the tile by a block reduction, one factor for both copies; the rowwise copy
 //            from the tile (each thread its own rows), the columnwise as above.
@@ -767,9 +779,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
     __syncthreads();
   }
 
-  // The transposed store: lane l of warp w takes tile columns 4l ... 4l + 3 (four
-  // transposed rows) in tile rows 16w ... 16w + 15 (segment w: it lies in one block).
-  const int tc = 4 * lane, segment = warp;
+  // The transposed store: four tile columns of one segment (it lies in one block).
+  const auto [tc, segment] = transposed_slice(tid);
   if (tc >= tile_cols || 16 * segment >= tile_rows) return;  // whole segments (see above)
   float factor[4];
   if constexpr (kTwoD) {
