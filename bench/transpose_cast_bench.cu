@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
          "2026-12-02)", 4, cast_kernel<128, 128, 4, 16, true, true, true>, 128, 128);
   report("transposed only, 128 x 128, lane 4 x 16, paired", 3,
          cast_kernel<128, 128, 4, 16, false, true, true>, 128, 128);
-  report("both, 128 x 128, lane 2 cols x 32 rows (whole sectors)", 4,
+  report("both, 128 x 128, lane 2 cols x 32 rows (a lane's two stores fill a sector; each warp store half sectors)", 4,
          cast_kernel<128, 128, 2, 32, true, true>, 128, 128);
   report("transposed only, 128 x 128, lane 2 x 32", 3, cast_kernel<128, 128, 2, 32, false, true>,
          128, 128);

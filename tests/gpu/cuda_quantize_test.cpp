@@ -10,6 +10,7 @@
 // GPU machine: `ctest -L gpu` or build/tests/cuda_quantize_test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -23,7 +24,7 @@
 namespace tpcheck {
 namespace {
 
-// REQUIRES: rows >= 7, cols >= 32.
+// REQUIRES: rows >= 7, cols >= 16 (the 32-wide patterns are cut to the row's width).
 Tensor edge_matrix(std::int64_t rows, std::int64_t cols, DType dtype, std::uint64_t seed,
                    bool with_inf, bool with_nan = false) {
   std::vector<float> v(static_cast<std::size_t>(rows * cols));
@@ -31,10 +32,11 @@ Tensor edge_matrix(std::int64_t rows, std::int64_t cols, DType dtype, std::uint6
     const int row = static_cast<int>(i / cols);
     v[i] = static_cast<float>(std::ldexp(rng_normal(seed, "q", i), row % 13 - 6));
   }
-  for (int c = 0; c < 32; ++c) v[c] = 0.0f;                                 // all-zero block
+  const int w32 = static_cast<int>(std::min<std::int64_t>(32, cols));
+  for (int c = 0; c < w32; ++c) v[c] = 0.0f;                                // all-zero block
   for (int c = 0; c < 16; ++c) v[cols + c] = 1e-6f;                         // tiny block
   v[2 * cols] = 1e4f;                                                       // large amax
-  for (int c = 0; c < 32; ++c) v[3 * cols + c] = std::ldexp(1.0f, c - 10);  // powers of two
+  for (int c = 0; c < w32; ++c) v[3 * cols + c] = std::ldexp(1.0f, c - 10); // powers of two
   v[4 * cols + 1] = 6e4f;                                                   // saturates E4M3
   if (with_inf) v[5 * cols + 3] = -std::numeric_limits<float>::infinity();
   if (with_nan) {  // a positive quiet NaN in the first tile and in the last (maybe partial) one
@@ -146,6 +148,11 @@ TEST(CudaQuantize, BlockRecipesMatchTheCpuOnEdgeTilesNanAndEachCopy) {
       {Recipe::kMxfp8, QuantRole::kInput, 272, 352, false},  // 16 rows, 96 columns
       {Recipe::kNvfp4, QuantRole::kInput, 272, 336, true},   // 16 rows, 80 columns
       {Recipe::kNvfp4, QuantRole::kInput, 37, 208, false},   // 37 rows, 80 columns
+      // The narrowest shards the suite makes (NVFP4 at TP 8: ffn 128 / 8 = 16 columns of
+      // fc1's output and fc2's weight; tensors of 16 rows): a tile of 16 columns or rows.
+      {Recipe::kNvfp4, QuantRole::kInput, 256, 16, true},
+      {Recipe::kNvfp4, QuantRole::kInput, 16, 128, true},
+      {Recipe::kNvfp4, QuantRole::kInput, 144, 16, true},
   };
   const QuantUsage usages[] = {{true, true}, {true, false}, {false, true}};
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {

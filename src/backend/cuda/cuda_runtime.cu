@@ -73,6 +73,12 @@ class CachingAllocator {
       std::lock_guard<std::mutex> lock(mu_);
       reserved_ += size;
     }
+    // TPCHECK_POISON_ALLOCATIONS=1: every block handed out is filled with 0xFF bytes (NaN
+    // in f32 / f16 / bf16 / f64, 0xFF in the 8-bit formats) before its first use, so an
+    // output a kernel writes only in part (Tensor::empty) shows up as non-finite values in
+    // the comparison instead of as whatever the block held before. A debugging aid.
+    static const bool poison = std::getenv("TPCHECK_POISON_ALLOCATIONS") != nullptr;
+    if (poison) TPCHECK_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, stream));
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [this, device, stream, size](std::byte* q) {
       give_back(device, stream, size, q);
     });
