@@ -12,11 +12,12 @@
 // Speed: every kernel reads 16 bytes per load; the rowwise copies are written by warps
 // storing whole consecutive rows, the transposed ones in 16-byte pieces, each lane four
 // columns at once and each warp whole 32-byte sectors; FP8 casts go two values an
-// instruction and E2M1 / E8M0 without branches; the block kernel copies its tile into shared memory with cp.async (all of a
-// thread's loads in flight, no registers held) and reduces each block's amax across the
-// lanes that loaded it (shuffles), never by one thread walking a block; the tiled kernels
-// walk the tensor from its end, where the L2 still holds what the pass before read last
-// (tile_from_the_end); outputs are allocated without a zero fill (Tensor::empty).
+// instruction and E2M1 / E8M0 without branches; the block kernel copies its tile into
+// shared memory with cp.async (all of a thread's loads in flight, no registers held) and
+// reduces each block's amax across the lanes that loaded it (shuffles), never by one
+// thread walking a block; the tiled kernels walk the tensor from its end, where the L2
+// still holds what the pass before read last (tile_from_the_end); outputs are allocated
+// without a zero fill (Tensor::empty).
 // bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-02, bf16
 // 8192², both copies: FP8 block scaling 72 %, MXFP8 65 %, per-tensor FP8 54 % — 81 %
 // counting its amax pass —, NVFP4 31 %); each warp store of a transposed copy writes whole
