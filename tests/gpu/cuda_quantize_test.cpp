@@ -32,11 +32,12 @@ Tensor edge_matrix(std::int64_t rows, std::int64_t cols, DType dtype, std::uint6
     const int row = static_cast<int>(i / cols);
     v[i] = static_cast<float>(std::ldexp(rng_normal(seed, "q", i), row % 13 - 6));
   }
-  const int w32 = static_cast<int>(std::min<std::int64_t>(32, cols));
-  for (int c = 0; c < w32; ++c) v[c] = 0.0f;                                // all-zero block
+  const int pattern_width = static_cast<int>(std::min<std::int64_t>(32, cols));
+  for (int c = 0; c < pattern_width; ++c) v[c] = 0.0f;                      // all-zero block
   for (int c = 0; c < 16; ++c) v[cols + c] = 1e-6f;                         // tiny block
   v[2 * cols] = 1e4f;                                                       // large amax
-  for (int c = 0; c < w32; ++c) v[3 * cols + c] = std::ldexp(1.0f, c - 10); // powers of two
+  // powers of two
+  for (int c = 0; c < pattern_width; ++c) v[3 * cols + c] = std::ldexp(1.0f, c - 10);
   v[4 * cols + 1] = 6e4f;                                                   // saturates E4M3
   if (with_inf) v[5 * cols + 3] = -std::numeric_limits<float>::infinity();
   if (with_nan) {  // a positive quiet NaN in the first tile and in the last (maybe partial) one
