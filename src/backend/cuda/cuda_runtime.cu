@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 #include <tuple>
@@ -43,13 +44,21 @@ std::size_t round_size(std::size_t bytes) {
 }
 
 // Free blocks keyed by (device, stream, rounded size).
+// A block freed by a thread whose current stream is not the block's own (a run's result
+// read by the comparison after the run's stream retired; a tensor handed to another
+// thread) may still be read by work that thread queued: it carries an event recorded on
+// the freeing thread's stream, and the stream that takes the block next waits for it on
+// the device (cudaStreamWaitEvent, no host wait). Without the event a block went to the
+// idle pool at once and another thread's stream could overwrite it under a pending read:
+// the intermittent garbage in the sharded gradients of the emulated recipes at TP 8
+// (2026-12-02, tests/gpu/README.md).
 class CachingAllocator {
  public:
   std::shared_ptr<std::byte> allocate(std::size_t bytes) {
     const std::size_t size = round_size(bytes);
     const int device = t_device;
     cudaStream_t stream = t_stream;
-    void* p = take(device, stream, size);
+    void* p = take(device, stream, size);  // ordered after the block's last use
     if (p == nullptr) {
       trace_wait("cudaMalloc", size);
       TPCHECK_CUDA_CHECK(cudaSetDevice(device));
@@ -100,7 +109,7 @@ class CachingAllocator {
          it != free_.end() && std::get<0>(it->first) == device && std::get<1>(it->first) == stream;
          it = free_.erase(it)) {
       auto& idle = idle_[Key{device, nullptr, std::get<2>(it->first)}];
-      idle.insert(idle.end(), it->second.begin(), it->second.end());
+      idle.insert(idle.end(), it->second.begin(), it->second.end());  // events kept
     }
     retired_.insert({device, stream});
   }
@@ -113,25 +122,58 @@ class CachingAllocator {
 
  private:
   using Key = std::tuple<int, cudaStream_t, std::size_t>;
+  // A cached block, and the event its next user must wait for (null: none; the block's
+  // last use was on its own stream, or that stream was synchronized).
+  struct Cached {
+    void* p;
+    cudaEvent_t last_use;
+  };
 
-  static void* pop(std::map<Key, std::vector<void*>>& pool, const Key& key) {
+  static std::optional<Cached> pop(std::map<Key, std::vector<Cached>>& pool, const Key& key) {
     auto it = pool.find(key);
-    if (it == pool.end() || it->second.empty()) return nullptr;
-    void* p = it->second.back();
+    if (it == pool.end() || it->second.empty()) return std::nullopt;
+    const Cached c = it->second.back();
     it->second.pop_back();
-    return p;
+    return c;
   }
   void* take(int device, cudaStream_t stream, std::size_t size) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (void* p = pop(free_, Key{device, stream, size})) return p;
-    return pop(idle_, Key{device, nullptr, size});
+    std::optional<Cached> c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c = pop(free_, Key{device, stream, size});
+      if (!c) c = pop(idle_, Key{device, nullptr, size});
+    }
+    if (!c) return nullptr;
+    if (c->last_use != nullptr) {
+      TPCHECK_CUDA_CHECK(cudaStreamWaitEvent(stream, c->last_use, 0));
+      cudaEventDestroy(c->last_use);  // released once the wait has run
+    }
+    return c->p;
   }
+  // Called from a tensor's deleter: must not throw. (A thread working on another GPU —
+  // NCCL's one thread per GPU — records nothing: its streams cannot read this block.)
   void give_back(int device, cudaStream_t stream, std::size_t size, void* p) {
+    cudaEvent_t last_use = nullptr;
+    if (t_stream != stream && t_device == device) {
+      bool recorded = cudaEventCreateWithFlags(&last_use, cudaEventDisableTiming) == cudaSuccess;
+      if (!recorded) {
+        last_use = nullptr;
+      } else if (cudaEventRecord(last_use, t_stream) != cudaSuccess) {
+        cudaEventDestroy(last_use);
+        last_use = nullptr;
+        recorded = false;
+      }
+      if (!recorded) {  // no event: wait for the freeing thread's stream here instead
+        (void)cudaGetLastError();
+        cudaStreamSynchronize(t_stream);
+        (void)cudaGetLastError();
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (retired_.count({device, stream}) != 0) {
-      idle_[Key{device, nullptr, size}].push_back(p);
+      idle_[Key{device, nullptr, size}].push_back({p, last_use});
     } else {
-      free_[Key{device, stream, size}].push_back(p);
+      free_[Key{device, stream, size}].push_back({p, last_use});
     }
   }
   // Frees every cached block (after synchronizing the device: a cached block may still be
@@ -142,8 +184,9 @@ class CachingAllocator {
     for (auto* pool : {&free_, &idle_}) {
       for (auto& [key, blocks] : *pool) {
         cudaSetDevice(std::get<0>(key));
-        for (void* p : blocks) {
-          cudaFree(p);
+        for (const Cached& c : blocks) {
+          if (c.last_use != nullptr) cudaEventDestroy(c.last_use);
+          cudaFree(c.p);
           reserved_ -= std::get<2>(key);
         }
         blocks.clear();
@@ -153,8 +196,8 @@ class CachingAllocator {
   }
 
   std::mutex mu_;
-  std::map<Key, std::vector<void*>> free_;  // blocks of live streams
-  std::map<Key, std::vector<void*>> idle_;  // blocks of retired streams (stream = nullptr)
+  std::map<Key, std::vector<Cached>> free_;  // blocks of live streams
+  std::map<Key, std::vector<Cached>> idle_;  // blocks of retired streams (stream = nullptr)
   std::set<std::pair<int, cudaStream_t>> retired_;
   std::size_t reserved_ = 0;
 };
