@@ -10,9 +10,12 @@
 // size). A block freed by a tensor goes back to the pool of the stream it was allocated
 // on, so it is only reused by work ordered after its last use on that stream; when that
 // stream is retired (synchronized, then destroyed: a rank's backend at the end of a run)
-// its blocks move to the device's idle pool, which any stream reuses; a tensor
-// used on another stream (an emulated collective reading a peer's buffer) must be
-// synchronized by that user before it is released (the collectives do). cudaMalloc runs
+// its blocks move to the device's idle pool, which any stream reuses. A block freed by a
+// thread whose current stream is another one of the same device carries an event recorded
+// on that stream, and its next user's stream waits for it (the thread's queued reads of
+// it stay ahead of the next writes). A tensor read on another stream but freed by its own
+// (an emulated collective reading a peer's buffer) must still be ordered by that reader
+// before it is released (the collectives do: device_group.cpp). cudaMalloc runs
 // only when a pool has no block; on cudaErrorMemoryAllocation the pools are emptied
 // (cudaFree) once and the allocation retried, then Error(kRuntime) "out of device memory".
 // Thread safety: everything here may be called from any thread.
