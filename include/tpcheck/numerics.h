@@ -87,6 +87,21 @@ struct TensorComparison {
   double truth_max_abs = 0;  // max |truth_i|
   TruthError single_vs_truth;
   TruthError sharded_vs_truth;
+  // The scale test: the component of the difference d = sharded − single along the truth,
+  //   scale_shift = Σ t·d / Σ t²  (= β_sharded − β_single, where β = Σ t·e / Σ t² is the
+  //   part of a run's error e that is a rescaling of the truth),
+  // its standard error if the residuals r = d − scale_shift·t were independent (the
+  // heteroscedasticity-consistent form, as quantization errors grow with |t|),
+  //   scale_shift_sigma = sqrt(Σ t²r²) / Σ t²,
+  // single's own error along the truth, single_scale_error = Σ t·(single − t) / Σ t² (its
+  // β: −0.95 for a gradient single lost to underflow),
+  // and how much the truth varies, truth_variation = 1 − (Σ t)² / (n Σ t²) (0 for a
+  // constant tensor, whose rounding is itself a rescaling; about 1 for zero-mean data).
+  // All 0 when the truth is all zeros.
+  double scale_shift = 0;
+  double scale_shift_sigma = 0;
+  double single_scale_error = 0;
+  double truth_variation = 0;
 
   // ---- the rounding probe (when one was given) ----
   // Statistics of the probe's noise tensor n (f64): n_i is what one rounding of every
@@ -130,13 +145,32 @@ enum class PolicyKind { kTe, kAllclose, kTruth, kBitwise };
 //     errors grow like sqrt(N).
 //   * m: two correct implementations that differ only in reduction order, blocking and
 //     GEMM class have errors of the same order, so a ratio test is scale free.
-// The defaults are calibrated in docs/POLICIES.md from measured error ratios.
+// Then the scale test (TensorComparison::scale_shift): sharded also fails when
+//   |scale_shift| > max(scale_min_shift, m · sqrt(N) · |single_scale_error|)
+//   and |scale_shift| > scale_z · scale_shift_sigma
+// in a tensor whose truth varies (truth_variation >= scale_min_variation) and which
+// single resolves (|single_scale_error| < scale_max_single: not a gradient single lost to
+// underflow, nor a sum that cancels to f64 noise such as the attention key-bias
+// gradient, where "along the truth" means nothing). The bounds
+// above scale with single's error, which a coarse format (NVFP4: 10-20 % of a tensor)
+// makes wide enough to hide a bug that rescales a tensor by 1/sqrt(N) or 1/N; rounding
+// spreads its error over every direction, such a bug puts it along the truth. Where
+// single's own error is itself a rescaling (f16 gradients lost to underflow), a correct
+// sharded run may be rescaled m·sqrt(N) times as much, as its error may be that much
+// larger (the second term; measured: 2.6× single's at TP 2, f16 norm-bias gradients).
+// scale_z = 0 turns the test off.
+// The defaults are calibrated in docs/POLICIES.md from measured error ratios (the scale
+// test's in docs/QUANTIZATION.md, "Judging quantized runs").
 struct TruthPolicyParams {
   double multiplier = 4.0;
   double floor_factor = 1.0;
   std::optional<double> unit_roundoff;  // u; default dtype_unit_roundoff(dtype)
   std::int64_t reduction_length = 1;    // K
   int tp_size = 1;                      // N
+  double scale_z = 20.0;
+  double scale_min_shift = 0.1;
+  double scale_min_variation = 0.1;
+  double scale_max_single = 0.5;
 };
 
 struct Policy {

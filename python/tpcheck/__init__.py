@@ -78,7 +78,8 @@ class Verdict:
     TensorComparison as a dict (max_abs_diff at argmax / argmax_index with sharded_value and
     single_value there, rel_at_max, norm_rel_diff, count_over_allclose, count_bits_differ,
     NaN / Inf counts, and with a truth: single_vs_truth / sharded_vs_truth {max_abs, argmax,
-    rms}, truth_rms, truth_max_abs). `error_model` holds u, K, N as applied (truth policy).
+    rms}, truth_rms, truth_max_abs, and the scale test's scale_shift, scale_shift_sigma,
+    single_scale_error, truth_variation). `error_model` holds u, K, N as applied (truth policy).
     `reference_line` is the reference suite's "NUMERICAL CHECK FAILED" line for this
     comparison (when the dtype has a tolerance).
     """

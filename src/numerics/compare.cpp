@@ -153,6 +153,7 @@ CompareSums accumulate_block(const HostInputs& in, std::int64_t begin, std::int6
         const MaxAt m1{std::fabs(e1), c0 + j, false}, m2{std::fabs(e2), c0 + j, false};
         if (beats_first_max(m1, s.single_err)) s.single_err = m1;
         if (beats_first_max(m2, s.sharded_err)) s.sharded_err = m2;
+        accumulate_scale(s, t[j], a[j] - b[j], e1);
       }
     }
     if (in.noise != nullptr) {
@@ -306,6 +307,16 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
     c.sharded_vs_truth = {s.sharded_err.index >= 0 ? s.sharded_err.value : 0, s.sharded_err.index,
                           c.numel > 0 ? std::sqrt(s.sq_sharded_err / n) : 0};
     if (c.numel > 0) c.truth_rms = std::sqrt(s.sq_truth / n);
+    if (s.sq_truth > 0) {
+      const double shift = s.sum_truth_diff / s.sq_truth;
+      // Σ t²(d − shift·t)², expanded; it cancels to rounding (or below 0) only when d is a
+      // rescaling of t almost exactly — then sigma is ~0 and any shift stands out.
+      const double residual = s.sum_t2_d2 - 2 * shift * s.sum_t3_d + shift * shift * s.sum_t4;
+      c.scale_shift = shift;
+      c.scale_shift_sigma = std::sqrt(std::max(residual, 0.0)) / s.sq_truth;
+      c.single_scale_error = s.sum_truth_single_err / s.sq_truth;
+      c.truth_variation = std::max(0.0, 1 - s.sum_truth * s.sum_truth / (n * s.sq_truth));
+    }
   }
   if (rounding_noise != nullptr && c.numel > 0) {
     c.has_rounding_noise = true;

@@ -64,9 +64,25 @@ struct CompareSums {
   std::int64_t truth_nonfinite = 0;
   double sq_truth = 0, truth_max_abs = 0, sq_single_err = 0, sq_sharded_err = 0;
   MaxAt single_err, sharded_err;
+  // the scale test (d = sharded − single, exact in f64; t = truth)
+  double sum_truth = 0, sum_truth_diff = 0;          // Σ t, Σ t·d
+  double sum_truth_single_err = 0;                    // Σ t·(single − t)
+  double sum_t2_d2 = 0, sum_t3_d = 0, sum_t4 = 0;    // Σ t²d², Σ t³d, Σ t⁴
   // the rounding probe
   double noise_sq = 0, noise_max_abs = 0;
 };
+
+// The scale test's sums for one element: t its truth, d = sharded − single.
+TPCHECK_HOST_DEVICE inline void accumulate_scale(CompareSums& s, double t, double d,
+                                                 double single_err) {
+  const double t2 = t * t;
+  s.sum_truth += t;
+  s.sum_truth_single_err += t * single_err;
+  s.sum_truth_diff += t * d;
+  s.sum_t2_d2 += t2 * d * d;
+  s.sum_t3_d += t2 * t * d;
+  s.sum_t4 += t2 * t2;
+}
 
 // Adds `b` (a later block) into `a`.
 TPCHECK_HOST_DEVICE inline void merge_sums(CompareSums& a, const CompareSums& b) {
@@ -88,6 +104,12 @@ TPCHECK_HOST_DEVICE inline void merge_sums(CompareSums& a, const CompareSums& b)
   a.sq_sharded_err += b.sq_sharded_err;
   if (beats_first_max(b.single_err, a.single_err)) a.single_err = b.single_err;
   if (beats_first_max(b.sharded_err, a.sharded_err)) a.sharded_err = b.sharded_err;
+  a.sum_truth += b.sum_truth;
+  a.sum_truth_diff += b.sum_truth_diff;
+  a.sum_truth_single_err += b.sum_truth_single_err;
+  a.sum_t2_d2 += b.sum_t2_d2;
+  a.sum_t3_d += b.sum_t3_d;
+  a.sum_t4 += b.sum_t4;
   a.noise_sq += b.noise_sq;
   a.noise_max_abs = ::fmax(a.noise_max_abs, b.noise_max_abs);
 }

@@ -2,6 +2,7 @@
 // the reference suite's failure line. Reasons quote the deciding figures with 3
 // significant digits; the reference line uses Python repr, as the reference prints it.
 #include <cmath>
+#include <limits>
 
 #include "tpcheck/error.h"
 #include "tpcheck/numerics.h"
@@ -92,7 +93,30 @@ Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
       g3(floor_max), g3(limit_max), max_ok ? "" : ", EXCEEDED", g3(c.sharded_vs_truth.rms),
       g3(c.single_vs_truth.rms), g3(multiplier), g3(floor_rms), g3(limit_rms),
       rms_ok ? "" : ", EXCEEDED");
-  return max_ok && rms_ok ? pass(reason) : fail(reason);
+  if (!max_ok || !rms_ok) return fail(reason);
+  if (p.scale_z <= 0 || c.truth_rms == 0) return pass(reason);
+  const double z = c.scale_shift_sigma > 0 ? std::fabs(c.scale_shift) / c.scale_shift_sigma
+                                           : (c.scale_shift != 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  const bool varies = c.truth_variation >= p.scale_min_variation;
+  const bool resolved = std::fabs(c.single_scale_error) < p.scale_max_single;
+  // A rescaled single (underflow) allows a sharded run rescaled as many times more as its
+  // error may be larger (numerics.h).
+  const double min_shift = std::max(p.scale_min_shift, multiplier * std::fabs(c.single_scale_error));
+  const bool rescaled =
+      varies && resolved && std::fabs(c.scale_shift) > min_shift && z > p.scale_z;
+  const std::string shift = fmt::format(
+      "scale shift along truth {} ({} standard errors{})", g3(c.scale_shift), g3(z),
+      !varies    ? fmt::format("; not tested: truth varies {} < {}", g3(c.truth_variation),
+                                   g3(p.scale_min_variation))
+      : !resolved ? fmt::format("; not tested: single's own shift {} is not under {}",
+                                g3(c.single_scale_error), g3(p.scale_max_single))
+                  : "");
+  if (rescaled) {
+    return fail(fmt::format("sharded is single rescaled along the truth: {}, over the limits {} "
+                            "and {} standard errors; {}",
+                            shift, g3(min_shift), g3(p.scale_z), reason));
+  }
+  return pass(reason + "; " + shift);
 }
 
 Verdict evaluate_bitwise(const TensorComparison& c) {

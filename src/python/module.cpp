@@ -120,6 +120,10 @@ nb::dict comparison_dict(const TensorComparison& c, const Shape& shape) {
       t["rms"] = e->rms;
       d[key] = t;
     }
+    d["scale_shift"] = c.scale_shift;
+    d["scale_shift_sigma"] = c.scale_shift_sigma;
+    d["single_scale_error"] = c.single_scale_error;
+    d["truth_variation"] = c.truth_variation;
   }
   d["has_rounding_noise"] = c.has_rounding_noise;
   if (c.has_rounding_noise) {

@@ -42,7 +42,11 @@ json comparison_json(const TensorComparison& c) {
     j["truth"] = {{"rms", number(c.truth_rms)},
                   {"max_abs", number(c.truth_max_abs)},
                   {"single_error", truth_error_json(c.single_vs_truth)},
-                  {"sharded_error", truth_error_json(c.sharded_vs_truth)}};
+                  {"sharded_error", truth_error_json(c.sharded_vs_truth)},
+                  {"scale_shift", number(c.scale_shift)},
+                  {"scale_shift_sigma", number(c.scale_shift_sigma)},
+                  {"single_scale_error", number(c.single_scale_error)},
+                  {"variation", number(c.truth_variation)}};
     if (c.has_rounding_noise) {
       j["truth"]["rounding_noise"] = {{"rms", number(c.rounding_noise_rms)},
                                       {"max_abs", number(c.rounding_noise_max_abs)}};
@@ -122,7 +126,11 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
                    {"floor_factor", p.truth.floor_factor},
                    {"unit_roundoff", p.truth.unit_roundoff ? json(*p.truth.unit_roundoff) : json()},
                    {"reduction_length", p.truth.reduction_length},
-                   {"tp_size", p.truth.tp_size}};
+                   {"tp_size", p.truth.tp_size},
+                   {"scale_z", p.truth.scale_z},
+                   {"scale_min_shift", p.truth.scale_min_shift},
+                   {"scale_min_variation", p.truth.scale_min_variation},
+                   {"scale_max_single", p.truth.scale_max_single}};
   }
   json j = {{"id", result.spec.id},
             {"module", result.spec.module},

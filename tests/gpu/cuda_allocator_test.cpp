@@ -3,9 +3,14 @@
 // take the blocks the last one left instead of calling cudaMalloc again.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
+#include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
+#include "backend/cuda/cuda_runtime.h"
 #include "gpu_test_support.h"
 #include "tpcheck/backend.h"
 #include "tpcheck/cuda_backend.h"
@@ -65,6 +70,53 @@ TEST(CudaAllocator, LiveStreamsDoNotShareBlocks) {
   // A tensor asks for one byte more than its data (tensor.cpp), so 6 MiB + 1 rounds up to
   // 8 MiB (2 MiB steps above 1 MiB).
   EXPECT_EQ(after - before, std::size_t{8} << 20);
+}
+
+void CUDART_CB sleep_on_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+
+TEST(CudaAllocator, ABlockFreedFromAnotherStreamIsNotReusedUnderItsPendingReads) {
+  TPCHECK_REQUIRE_GPU();
+  // The suite's pattern: a rank's result outlives the rank's stream, the case's thread
+  // queues a read of it on its own stream and drops it before that read has run, and a
+  // concurrent case's rank allocates the same size at once. The new owner's writes must
+  // wait for the read (the allocator's event). Without it they overtook it: the garbage
+  // in the emulated recipes' TP 8 gradients (tests/gpu/README.md, 2026-12-02).
+  constexpr std::int64_t kOwnCols = 2560;  // 10 MiB (+1 byte) -> a 12 MiB block no other test uses
+  constexpr std::size_t kBytes = std::size_t{kRows} * kOwnCols * sizeof(float);
+  // The case's thread has its own stream (made first, so the rank's stream, once
+  // retired, is not handed back to this thread by the stream pool).
+  std::unique_ptr<Backend> comparison = make_cuda_backend();
+  cudaStream_t reader = cuda::current_stream();
+  Tensor result;
+  std::thread rank_thread([&] {
+    std::unique_ptr<Backend> rank = make_cuda_backend();
+    result = Tensor::empty({kRows, kOwnCols}, DType::kF32, Device::kCuda);
+    EXPECT_EQ(cudaMemsetAsync(result.raw(), 0x3F, kBytes, cuda::current_stream()), cudaSuccess);
+  });  // the rank's stream is synchronized and retired; `result` lives on
+  rank_thread.join();
+  unsigned char* seen = nullptr;
+  ASSERT_EQ(cudaMallocHost(&seen, kBytes), cudaSuccess);
+  // The read waits behind 300 ms of host work on the reader's stream.
+  ASSERT_EQ(cudaLaunchHostFunc(reader, sleep_on_stream, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(seen, result.raw(), kBytes, cudaMemcpyDeviceToHost, reader), cudaSuccess);
+  const void* block = result.raw();
+  result = Tensor();  // freed while the read is queued
+  const void* reused = nullptr;
+  std::thread other_rank([&] {
+    std::unique_ptr<Backend> rank = make_cuda_backend();
+    Tensor t = Tensor::empty({kRows, kOwnCols}, DType::kF32, Device::kCuda);
+    reused = t.raw();
+    EXPECT_EQ(cudaMemsetAsync(t.raw(), 0, kBytes, cuda::current_stream()), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(cuda::current_stream()), cudaSuccess);
+  });
+  other_rank.join();
+  ASSERT_EQ(cudaStreamSynchronize(reader), cudaSuccess);
+  // Otherwise this test shows nothing: the other rank must have taken the same block.
+  EXPECT_EQ(reused, block);
+  std::size_t overwritten = 0;
+  for (std::size_t i = 0; i < kBytes; ++i) overwritten += seen[i] != 0x3F;
+  EXPECT_EQ(overwritten, 0u) << "bytes the other rank's memset wrote before the read";
+  cudaFreeHost(seen);
 }
 
 }  // namespace

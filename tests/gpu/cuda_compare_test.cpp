@@ -63,6 +63,21 @@ void expect_same(const TensorComparison& g, const TensorComparison& c, const std
     EXPECT_EQ(gt.argmax, ct.argmax);
     close(gt.rms, ct.rms, "truth error rms");
   }
+  // The scale test's sums have terms of both signs: each within n·u of the sum of the
+  // terms' magnitudes, and Cauchy–Schwarz bounds Σ|t·d| by ‖t‖·‖d‖ ≤ √n·truth_rms ·
+  // √n·(sharded's + single's error RMS), so the shift (Σ t·d / Σ t²) within
+  // 2·n·u·(error RMSs)/truth_rms; sigma's terms are positive but it is a difference, of
+  // residuals as large as d here (no rescaling planted), so relative, twice the sums'.
+  if (c.has_truth && std::isfinite(c.scale_shift) && c.truth_rms > 0) {
+    const double shift_tolerance = tolerance * (c.single_vs_truth.rms + c.sharded_vs_truth.rms) /
+                                   c.truth_rms;
+    EXPECT_NEAR(g.scale_shift, c.scale_shift, shift_tolerance) << "scale_shift";
+    EXPECT_NEAR(g.scale_shift_sigma, c.scale_shift_sigma, 2 * tolerance * c.scale_shift_sigma)
+        << "scale_shift_sigma";
+    EXPECT_NEAR(g.truth_variation, c.truth_variation, 2 * tolerance) << "truth_variation";
+  } else {
+    EXPECT_TRUE(same(g.scale_shift, c.scale_shift)) << "scale_shift";
+  }
   EXPECT_EQ(g.has_rounding_noise, c.has_rounding_noise);
   EXPECT_EQ(g.rounding_noise_max_abs, c.rounding_noise_max_abs);
   close(g.rounding_noise_rms, c.rounding_noise_rms, "rounding_noise_rms");

@@ -123,6 +123,41 @@ TEST(CompareTensors, TruthErrorsMatchFormulas) {
   EXPECT_EQ(c.truth_max_abs, mx_t);
 }
 
+// The scale test's statistics, evaluated here from their definitions (the residuals
+// formed directly, not through compare.cpp's expanded sums).
+TEST(CompareTensors, ScaleShiftMatchesFormulas) {
+  const std::int64_t n = 300;
+  std::vector<double> t(n), s(n), h(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    t[i] = 0.2 + noise(30, i);  // mean 0.2: a variation of about 0.9
+    s[i] = t[i] + 0.01 * noise(31, i);
+    h[i] = 0.8 * t[i] + 0.01 * noise(32, i);  // rescaled by 0.8, plus other rounding
+  }
+  Tensor truth = Tensor::from_f64(t, {n}, DType::kF64);
+  Tensor single = Tensor::from_f64(s, {n}, DType::kF64);
+  Tensor sharded = Tensor::from_f64(h, {n}, DType::kF64);
+  TensorComparison c = compare_tensors(sharded, single, &truth);
+  double st = 0, stt = 0, std_ = 0;
+  for (std::int64_t i = 0; i < n; ++i) st += t[i], stt += t[i] * t[i], std_ += t[i] * (h[i] - s[i]);
+  const double shift = std_ / stt;
+  double sr = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double r = (h[i] - s[i]) - shift * t[i];
+    sr += t[i] * t[i] * r * r;
+  }
+  EXPECT_NEAR(c.scale_shift, shift, 1e-13);
+  EXPECT_NEAR(shift, -0.2, 0.01);  // what was planted
+  EXPECT_NEAR(c.scale_shift_sigma, std::sqrt(sr) / stt, 1e-9 * std::sqrt(sr) / stt);
+  EXPECT_NEAR(c.truth_variation, 1 - st * st / (n * stt), 1e-13);
+  // A constant truth has no variation; an all-zero truth has no scale.
+  Tensor flat = Tensor::full({n}, DType::kF64, 0.7);
+  EXPECT_NEAR(compare_tensors(single, single, &flat).truth_variation, 0.0, 1e-12);  // n·u
+  Tensor zero_truth = Tensor::zeros({n}, DType::kF64);
+  TensorComparison zero = compare_tensors(sharded, single, &zero_truth);
+  EXPECT_EQ(zero.scale_shift, 0.0);
+  EXPECT_EQ(zero.scale_shift_sigma, 0.0);
+}
+
 TEST(CompareTensors, BadInput) {
   Tensor a = Tensor::zeros({2, 3}, DType::kF32);
   Tensor b = Tensor::zeros({3, 2}, DType::kF32);
@@ -370,6 +405,85 @@ TEST(TruthPolicy, SameSizeErrorPassesTenTimesFails) {
   Policy loose = truth_policy;
   loose.truth.multiplier = 20;
   EXPECT_EQ(evaluate(loose, worse).status, VerdictStatus::kPass);
+}
+
+// The scale test: single's error 15 % of the tensor (NVFP4's size), sharded the truth
+// rescaled by 0.7 (a TP bug such as a softmax scale of 1/sqrt(N) too many) plus its own
+// rounding. Its error is 2.3× single's, inside the bounds' 4·sqrt(2); the shift of -0.3
+// along the truth, hundreds of standard errors out, fails it.
+TEST(TruthPolicy, ScaleTestCatchesARescaledTensorTheBoundsPass) {
+  const std::int64_t n = 4096;
+  std::vector<double> t(n), s(n), h(n), r(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    t[i] = noise(40, i);
+    s[i] = t[i] * (1 + 0.25 * noise(41, i));
+    r[i] = t[i] * (1 + 0.25 * noise(42, i));  // a correct sharded run: other rounding
+    h[i] = 0.7 * r[i];
+  }
+  Tensor truth = Tensor::from_f64(t, {n}, DType::kF64);
+  Tensor single = Tensor::from_f64(s, {n}, DType::kF32);
+  Policy p = parse_policy("truth");
+  p.truth.tp_size = 2;
+  TensorComparison bug = compare_tensors(Tensor::from_f64(h, {n}, DType::kF32), single, &truth);
+  TensorComparison ok = compare_tensors(Tensor::from_f64(r, {n}, DType::kF32), single, &truth);
+  ASSERT_LT(bug.sharded_vs_truth.rms, 4 * std::sqrt(2.0) * bug.single_vs_truth.rms);
+  ASSERT_LT(bug.sharded_vs_truth.max_abs, 4 * std::sqrt(2.0) * bug.single_vs_truth.max_abs);
+  const Verdict vb = evaluate(p, bug);
+  EXPECT_EQ(vb.status, VerdictStatus::kFail) << vb.reason;
+  EXPECT_EQ(vb.reason.rfind("sharded is single rescaled along the truth: scale shift along truth -0.3", 0), 0u)
+      << vb.reason;
+  const Verdict vo = evaluate(p, ok);
+  EXPECT_EQ(vo.status, VerdictStatus::kPass) << vo.reason;
+  EXPECT_LT(std::fabs(ok.scale_shift), 3 * ok.scale_shift_sigma);  // rounding: no shift
+  // scale_z = 0 turns the test off: then only the bounds judge, and they pass the bug.
+  Policy off = p;
+  off.truth.scale_z = 0;
+  EXPECT_EQ(evaluate(off, bug).status, VerdictStatus::kPass);
+  // A shift below the minimum passes however many standard errors out (the calibrated
+  // floor of what rounding does to a scale, docs/QUANTIZATION.md).
+  Policy wide = p;
+  wide.truth.scale_min_shift = 0.35;
+  EXPECT_EQ(evaluate(wide, bug).status, VerdictStatus::kPass);
+}
+
+// A constant truth (a norm bias gradient of a constant-init layer): its rounding is a
+// rescaling of the one value, so the scale test does not judge it; the bounds do.
+TEST(TruthPolicy, ScaleTestLeavesConstantTensorsToTheBounds) {
+  const std::int64_t n = 256;
+  Tensor truth = Tensor::full({n}, DType::kF64, 0.7);
+  Tensor single = Tensor::full({n}, DType::kF32, 0.7 * 1.1);
+  Tensor sharded = Tensor::full({n}, DType::kF32, 0.7 * 0.75);
+  TensorComparison c = compare_tensors(sharded, single, &truth);
+  Policy p = parse_policy("truth");
+  p.truth.tp_size = 2;
+  const Verdict v = evaluate(p, c);
+  EXPECT_EQ(v.status, VerdictStatus::kPass) << v.reason;
+  EXPECT_NE(v.reason.find("not tested: truth varies"), std::string::npos) << v.reason;
+}
+
+// A truth single does not resolve (a sum that cancels to f64 noise: single's error is
+// 10⁶ times the truth): "along the truth" means nothing there, so a difference that
+// happens to lie along it is left to the bounds — which pass it (same-size errors).
+TEST(TruthPolicy, ScaleTestLeavesUnresolvedTensorsToTheBounds) {
+  const std::int64_t n = 4096;
+  std::vector<double> t(n), s(n), h(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    t[i] = 1e-12 * noise(50, i);
+    s[i] = t[i] + 1e-6 * noise(51, i);
+    h[i] = s[i] - 3 * t[i];  // exactly along the truth: infinitely many standard errors
+  }
+  Tensor truth = Tensor::from_f64(t, {n}, DType::kF64);
+  TensorComparison c = compare_tensors(Tensor::from_f64(h, {n}, DType::kF64),
+                                       Tensor::from_f64(s, {n}, DType::kF64), &truth);
+  ASSERT_GT(std::fabs(c.single_scale_error), 1e3);
+  Policy p = parse_policy("truth");
+  const Verdict v = evaluate(p, c);
+  EXPECT_EQ(v.status, VerdictStatus::kPass) << v.reason;
+  EXPECT_NE(v.reason.find("not tested: single's own shift"), std::string::npos) << v.reason;
+  p.truth.scale_max_single = std::numeric_limits<double>::infinity();
+  p.truth.scale_min_shift = 0.1;
+  EXPECT_EQ(evaluate(p, c).status, VerdictStatus::kPass)
+      << "the floor m·sqrt(N)·|single's shift| still covers it";
 }
 
 // The floor: single exactly equal to the truth (error 0) and sharded one f32 rounding

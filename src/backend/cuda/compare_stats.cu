@@ -110,6 +110,7 @@ __device__ __forceinline__ void accumulate(const CompareArgs& a, CompareSums& s,
     const MaxAt m1{fabs(e1), i, false}, m2{fabs(e2), i, false};
     if (beats_first_max(m1, s.single_err)) s.single_err = m1;
     if (beats_first_max(m2, s.sharded_err)) s.sharded_err = m2;
+    accumulate_scale(s, t, x - y, e1);
   }
   if (a.noise != nullptr) {
     const double v = a.noise[i];
@@ -178,6 +179,8 @@ struct F32State {
   double sq_truth = 0, truth_max_abs = 0, sq_single_err = 0, sq_sharded_err = 0;
   double single_err = 0, sharded_err = 0;
   long long single_err_at = -1, sharded_err_at = -1;
+  double sum_truth = 0, sum_truth_diff = 0, sum_truth_single_err = 0;
+  double sum_t2_d2 = 0, sum_t3_d = 0, sum_t4 = 0;
   // rounding probe
   double noise_sq = 0, noise_max_abs = 0;
 };
@@ -220,6 +223,13 @@ __device__ __forceinline__ void accumulate_f32(const CompareArgs& a, F32State& s
       s.sharded_err = fabs(e2);
       s.sharded_err_at = i;
     }
+    const double t2 = t * t;  // the scale test's sums, as accumulate_scale
+    s.sum_truth += t;
+    s.sum_truth_diff += t * e;
+    s.sum_truth_single_err += t * e1;
+    s.sum_t2_d2 += t2 * e * e;
+    s.sum_t3_d += t2 * t * e;
+    s.sum_t4 += t2 * t2;
   }
   if constexpr (kNoise) {
     s.noise_sq = fma(v, v, s.noise_sq);
@@ -251,6 +261,12 @@ __device__ CompareSums to_sums(const F32State& f) {
   s.sq_sharded_err = f.sq_sharded_err;
   if (f.single_err_at >= 0) s.single_err = MaxAt{f.single_err, f.single_err_at, false};
   if (f.sharded_err_at >= 0) s.sharded_err = MaxAt{f.sharded_err, f.sharded_err_at, false};
+  s.sum_truth = f.sum_truth;
+  s.sum_truth_diff = f.sum_truth_diff;
+  s.sum_truth_single_err = f.sum_truth_single_err;
+  s.sum_t2_d2 = f.sum_t2_d2;
+  s.sum_t3_d = f.sum_t3_d;
+  s.sum_t4 = f.sum_t4;
   s.noise_sq = f.noise_sq;
   s.noise_max_abs = f.noise_max_abs;
   return s;
