@@ -793,7 +793,8 @@ STATS = ("argmax", "max_diff", "sharded_value", "single_value", "sq_diff", "sq_s
          "over_allclose", "bits_differ", "sharded_nan", "sharded_inf", "single_nan",
          "single_inf", "sharded_nonzero", "single_nonzero", "truth_nonfinite", "sq_truth",
          "truth_max", "single_err_max", "single_err_sq", "sharded_err_max", "sharded_err_sq",
-         "noise_sq", "noise_max")
+         "noise_sq", "noise_max", "sum_truth", "sum_truth_diff", "sum_truth_single_err",
+         "sum_t2_d2", "sum_t3_d", "sum_t4")
 PROBE_U = 2.0**-30
 
 
@@ -811,13 +812,16 @@ def tensor_stats(sharded, single, truth, probed):
     noise = (probed.reshape(-1).double() - t64) / PROBE_U
     iv = INT_VIEW[single.dtype]
     f = lambda x: x.double()  # noqa: E731
+    dd, t2 = a64 - b64, t64 * t64  # the scale test's sums (compare_sums.h)
     return torch.stack([
         f(i.squeeze(0)), f(at(d)), at(a64), at(b64), (exact * exact).sum(), (b64 * b64).sum(),
         f((~(exact <= atol + rtol * b64.abs())).sum()), f((a.view(iv) != b.view(iv)).sum()),
         f(a.isnan().sum()), f(a.isinf().sum()), f(b.isnan().sum()), f(b.isinf().sum()),
         f(torch.count_nonzero(a)), f(torch.count_nonzero(b)), f((~t64.isfinite()).sum()),
         (t64 * t64).sum(), t64.abs().max(), es1.abs().max(), (es1 * es1).sum(),
-        es2.abs().max(), (es2 * es2).sum(), (noise * noise).sum(), noise.abs().max()])
+        es2.abs().max(), (es2 * es2).sum(), (noise * noise).sum(), noise.abs().max(),
+        t64.sum(), (t64 * dd).sum(), (t64 * es1).sum(), (t2 * dd * dd).sum(),
+        (t2 * t64 * dd).sum(), (t2 * t2).sum()])
 
 
 def g3(v):
@@ -865,10 +869,24 @@ def verdicts(st, numel, dtype, truth_params):
     lim_max = mult * st["single_err_max"] + scale * (st["truth_max"] + st["noise_max"])
     lim_rms = mult * single_rms + scale * (truth_rms + noise_rms)
     ok = st["sharded_err_max"] <= lim_max and sharded_rms <= lim_rms
-    out["truth"] = ("pass" if ok else "fail",
-                    f"against truth: sharded max error {g3(st['sharded_err_max'])} vs single "
-                    f"{g3(st['single_err_max'])} (limit {g3(lim_max)}), RMS error "
-                    f"{g3(sharded_rms)} vs single {g3(single_rms)} (limit {g3(lim_rms)})")
+    reason = (f"against truth: sharded max error {g3(st['sharded_err_max'])} vs single "
+              f"{g3(st['single_err_max'])} (limit {g3(lim_max)}), RMS error "
+              f"{g3(sharded_rms)} vs single {g3(single_rms)} (limit {g3(lim_rms)})")
+    if ok and st["sq_truth"] > 0:
+        # The scale test (policy.cpp, TruthPolicyParams defaults: z 20, min shift 0.1, min
+        # variation 0.1, single's own shift under 0.5).
+        stt = st["sq_truth"]
+        shift = st["sum_truth_diff"] / stt
+        resid = st["sum_t2_d2"] - 2 * shift * st["sum_t3_d"] + shift * shift * st["sum_t4"]
+        sigma = math.sqrt(max(resid, 0.0)) / stt
+        z = abs(shift) / sigma if sigma > 0 else (math.inf if shift != 0 else 0.0)
+        beta1 = st["sum_truth_single_err"] / stt
+        variation = max(0.0, 1 - st["sum_truth"] ** 2 / (numel * stt))
+        floor = max(0.1, mult * abs(beta1))
+        if variation >= 0.1 and abs(beta1) < 0.5 and abs(shift) > floor and z > 20:
+            ok = False
+            reason = f"sharded is single rescaled along the truth: shift {g3(shift)} ({g3(z)} σ); " + reason
+    out["truth"] = ("pass" if ok else "fail", reason)
     bits = int(st["bits_differ"])
     out["bitwise"] = ("pass" if bits == 0 else "fail", f"{bits} of {numel} elements differ in bits")
     return out
