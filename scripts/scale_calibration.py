@@ -200,8 +200,8 @@ def main():
     for name in ("calibrate", "measure"):
         p = sub.add_parser(name)
         p.add_argument("reports", nargs="+")
-        p.add_argument("--z", type=float, default=10.0)
-        p.add_argument("--min-shift", type=float, default=0.05)
+        p.add_argument("--z", type=float, default=20.0)
+        p.add_argument("--min-shift", type=float, default=0.1)
         p.add_argument("--min-variation", type=float, default=0.1)
         p.add_argument("--multiplier", type=float, default=4.0,
                        help="the truth policy's m: the floor on the shift is m·sqrt(TP)·|single's own shift|")

@@ -79,7 +79,7 @@ class Verdict:
     single_value there, rel_at_max, norm_rel_diff, count_over_allclose, count_bits_differ,
     NaN / Inf counts, and with a truth: single_vs_truth / sharded_vs_truth {max_abs, argmax,
     rms}, truth_rms, truth_max_abs, and the scale test's scale_shift, scale_shift_sigma,
-    single_scale_error, truth_variation). `error_model` holds u, K, N as applied (truth policy).
+    single_scale_error, truth_variation, single_error_offset_share). `error_model` holds u, K, N as applied (truth policy).
     `reference_line` is the reference suite's "NUMERICAL CHECK FAILED" line for this
     comparison (when the dtype has a tolerance).
     """

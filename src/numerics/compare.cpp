@@ -307,6 +307,10 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
     c.sharded_vs_truth = {s.sharded_err.index >= 0 ? s.sharded_err.value : 0, s.sharded_err.index,
                           c.numel > 0 ? std::sqrt(s.sq_sharded_err / n) : 0};
     if (c.numel > 0) c.truth_rms = std::sqrt(s.sq_truth / n);
+    if (s.sq_single_err > 0) {
+      c.single_error_offset_share =
+          std::min(1.0, s.sum_single_err * s.sum_single_err / (n * s.sq_single_err));
+    }
     if (s.sq_truth > 0) {
       const double shift = s.sum_truth_diff / s.sq_truth;
       // Σ t²(d − shift·t)², expanded; it cancels to rounding (or below 0) only when d is a

@@ -67,6 +67,7 @@ struct CompareSums {
   // the scale test (d = sharded − single, exact in f64; t = truth)
   double sum_truth = 0, sum_truth_diff = 0;          // Σ t, Σ t·d
   double sum_truth_single_err = 0;                    // Σ t·(single − t)
+  double sum_single_err = 0;                          // Σ (single − t): its common offset
   double sum_t2_d2 = 0, sum_t3_d = 0, sum_t4 = 0;    // Σ t²d², Σ t³d, Σ t⁴
   // the rounding probe
   double noise_sq = 0, noise_max_abs = 0;
@@ -78,6 +79,7 @@ TPCHECK_HOST_DEVICE inline void accumulate_scale(CompareSums& s, double t, doubl
   const double t2 = t * t;
   s.sum_truth += t;
   s.sum_truth_single_err += t * single_err;
+  s.sum_single_err += single_err;
   s.sum_truth_diff += t * d;
   s.sum_t2_d2 += t2 * d * d;
   s.sum_t3_d += t2 * t * d;
@@ -107,6 +109,7 @@ TPCHECK_HOST_DEVICE inline void merge_sums(CompareSums& a, const CompareSums& b)
   a.sum_truth += b.sum_truth;
   a.sum_truth_diff += b.sum_truth_diff;
   a.sum_truth_single_err += b.sum_truth_single_err;
+  a.sum_single_err += b.sum_single_err;
   a.sum_t2_d2 += b.sum_t2_d2;
   a.sum_t3_d += b.sum_t3_d;
   a.sum_t4 += b.sum_t4;

@@ -80,8 +80,16 @@ Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
   const double multiplier = p.multiplier * std::sqrt(static_cast<double>(std::max(p.tp_size, 1)));
   // The floor follows the result (|truth|) and what was summed (the probe's noise, which
   // stays non-zero where the result cancels to zero).
-  const double floor_max = scale * (c.truth_max_abs + c.rounding_noise_max_abs);
-  const double floor_rms = scale * (c.truth_rms + c.rounding_noise_rms);
+  double floor_max = scale * (c.truth_max_abs + c.rounding_noise_max_abs);
+  double floor_rms = scale * (c.truth_rms + c.rounding_noise_rms);
+  // One sample (numerics.h): single's error is one number repeated; under a recipe the
+  // floor allows one rounding to the case's coarsest format.
+  const bool one_sample =
+      p.format_unit_roundoff > 0 && c.single_error_offset_share >= p.one_sample_share;
+  if (one_sample) {
+    floor_max += p.format_unit_roundoff * c.truth_max_abs;
+    floor_rms += p.format_unit_roundoff * c.truth_rms;
+  }
   const double limit_max = multiplier * c.single_vs_truth.max_abs + floor_max;
   const double limit_rms = multiplier * c.single_vs_truth.rms + floor_rms;
   const bool max_ok = c.sharded_vs_truth.max_abs <= limit_max;
@@ -93,6 +101,11 @@ Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
       g3(floor_max), g3(limit_max), max_ok ? "" : ", EXCEEDED", g3(c.sharded_vs_truth.rms),
       g3(c.single_vs_truth.rms), g3(multiplier), g3(floor_rms), g3(limit_rms),
       rms_ok ? "" : ", EXCEEDED");
+  if (one_sample) {
+    reason += fmt::format("; single's error is one number repeated ({} of it a common offset), "
+                          "so the floor adds one rounding to the format (u {})",
+                          g3(c.single_error_offset_share), g3(p.format_unit_roundoff));
+  }
   if (!max_ok || !rms_ok) return fail(reason);
   if (p.scale_z <= 0 || c.truth_rms == 0) return pass(reason);
   const double z = c.scale_shift_sigma > 0 ? std::fabs(c.scale_shift) / c.scale_shift_sigma

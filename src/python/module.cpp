@@ -123,6 +123,7 @@ nb::dict comparison_dict(const TensorComparison& c, const Shape& shape) {
     d["scale_shift"] = c.scale_shift;
     d["scale_shift_sigma"] = c.scale_shift_sigma;
     d["single_scale_error"] = c.single_scale_error;
+    d["single_error_offset_share"] = c.single_error_offset_share;
     d["truth_variation"] = c.truth_variation;
   }
   d["has_rounding_noise"] = c.has_rounding_noise;

@@ -46,6 +46,7 @@ json comparison_json(const TensorComparison& c) {
                   {"scale_shift", number(c.scale_shift)},
                   {"scale_shift_sigma", number(c.scale_shift_sigma)},
                   {"single_scale_error", number(c.single_scale_error)},
+                  {"single_error_offset_share", number(c.single_error_offset_share)},
                   {"variation", number(c.truth_variation)}};
     if (c.has_rounding_noise) {
       j["truth"]["rounding_noise"] = {{"rms", number(c.rounding_noise_rms)},
@@ -130,7 +131,9 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
                    {"scale_z", p.truth.scale_z},
                    {"scale_min_shift", p.truth.scale_min_shift},
                    {"scale_min_variation", p.truth.scale_min_variation},
-                   {"scale_max_single", p.truth.scale_max_single}};
+                   {"scale_max_single", p.truth.scale_max_single},
+                   {"format_unit_roundoff", p.truth.format_unit_roundoff},
+                   {"one_sample_share", p.truth.one_sample_share}};
   }
   json j = {{"id", result.spec.id},
             {"module", result.spec.module},

@@ -32,17 +32,23 @@ namespace {
 
 // The truth policy's error model for this case (see TruthPolicyParams): u is the larger of
 // the storage dtype's unit roundoff and that of the coarsest GEMM class either run used;
-// K the longest GEMM reduction; N the TP size.
+// K the longest GEMM reduction; N the TP size; the format's u that of the coarsest
+// quantized element format among the GEMMs' operands (E2M1 2^-2, E5M2 2^-3, E4M3 2^-4).
 TruthPolicyParams truth_params_for(const SuiteCase& c, int tp, const CaseRun& run,
                                    TruthPolicyParams p) {
   double u = dtype_unit_roundoff(c.dtype);
+  double format_u = 0;  // the coarsest quantized element format's (0: no recipe)
   std::int64_t k = 1;
   for (const auto* ledger : {&run.single_gemms, &run.sharded_gemms}) {
     for (const GemmRecord& r : *ledger) {
       u = std::max(u, math_class_unit_roundoff(r.math_class));
       k = std::max(k, r.k);
+      for (DType d : {r.a_dtype, r.b_dtype}) {
+        if (is_quantized_format(d)) format_u = std::max(format_u, dtype_unit_roundoff(d));
+      }
     }
   }
+  p.format_unit_roundoff = std::max(p.format_unit_roundoff, format_u);
   if (!p.unit_roundoff) p.unit_roundoff = u;
   p.reduction_length = std::max(p.reduction_length, k);
   p.tp_size = tp;

@@ -75,6 +75,8 @@ void expect_same(const TensorComparison& g, const TensorComparison& c, const std
     EXPECT_NEAR(g.scale_shift_sigma, c.scale_shift_sigma, 2 * tolerance * c.scale_shift_sigma)
         << "scale_shift_sigma";
     EXPECT_NEAR(g.truth_variation, c.truth_variation, 2 * tolerance) << "truth_variation";
+    EXPECT_NEAR(g.single_error_offset_share, c.single_error_offset_share, 2 * tolerance)
+        << "single_error_offset_share";
   } else {
     EXPECT_TRUE(same(g.scale_shift, c.scale_shift)) << "scale_shift";
   }

@@ -486,6 +486,42 @@ TEST(TruthPolicy, ScaleTestLeavesUnresolvedTensorsToTheBounds) {
       << "the floor m·sqrt(N)·|single's shift| still covers it";
 }
 
+// One sample: single's and sharded's errors are each one number repeated (a bias
+// gradient of a constant-initialized layer under fp8_cs, measured: sharded 22× single).
+// Without a recipe the ratio bound judges it; under one (format u 2^-3, E5M2) the floor
+// allows one rounding to the format, and a bug-sized error (half the tensor) still fails.
+TEST(TruthPolicy, OneSampleErrorsGetOneRoundingOfTheFormat) {
+  const std::int64_t n = 64;
+  std::vector<double> t(n), s(n), h(n), bug(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    t[i] = 6e-3 * (1 + 0.5 * noise(60, i));
+    s[i] = t[i] + 4.8e-7;   // one number repeated
+    h[i] = t[i] + 1.05e-5;  // 22× single's, 1.7e-3 of the tensor
+    bug[i] = 0.5 * t[i];    // a share of a sum kept
+  }
+  Tensor truth = Tensor::from_f64(t, {n}, DType::kF64);
+  Tensor single = Tensor::from_f64(s, {n}, DType::kF64);
+  TensorComparison c = compare_tensors(Tensor::from_f64(h, {n}, DType::kF64), single, &truth);
+  EXPECT_NEAR(c.single_error_offset_share, 1.0, 1e-9);
+  Policy p = parse_policy("truth");
+  p.truth.tp_size = 2;
+  EXPECT_EQ(evaluate(p, c).status, VerdictStatus::kFail) << "no recipe: the ratio judges";
+  p.truth.format_unit_roundoff = 0x1p-3;
+  const Verdict v = evaluate(p, c);
+  EXPECT_EQ(v.status, VerdictStatus::kPass) << v.reason;
+  EXPECT_NE(v.reason.find("one number repeated"), std::string::npos) << v.reason;
+  const Verdict vb =
+      evaluate(p, compare_tensors(Tensor::from_f64(bug, {n}, DType::kF64), single, &truth));
+  EXPECT_EQ(vb.status, VerdictStatus::kFail) << vb.reason;
+  // Errors that vary are many samples: no such floor.
+  std::vector<double> varied(n);
+  for (std::int64_t i = 0; i < n; ++i) varied[i] = t[i] + 4.8e-7 * noise(61, i);
+  TensorComparison cv = compare_tensors(Tensor::from_f64(h, {n}, DType::kF64),
+                                        Tensor::from_f64(varied, {n}, DType::kF64), &truth);
+  EXPECT_LT(cv.single_error_offset_share, 0.2);
+  EXPECT_EQ(evaluate(p, cv).status, VerdictStatus::kFail);
+}
+
 // The floor: single exactly equal to the truth (error 0) and sharded one f32 rounding
 // away passes thanks to floor_factor·u·|truth|, and fails without the floor.
 TEST(TruthPolicy, FloorAbsorbsRoundingWhenSingleIsExact) {

@@ -179,7 +179,7 @@ struct F32State {
   double sq_truth = 0, truth_max_abs = 0, sq_single_err = 0, sq_sharded_err = 0;
   double single_err = 0, sharded_err = 0;
   long long single_err_at = -1, sharded_err_at = -1;
-  double sum_truth = 0, sum_truth_diff = 0, sum_truth_single_err = 0;
+  double sum_truth = 0, sum_truth_diff = 0, sum_truth_single_err = 0, sum_single_err = 0;
   double sum_t2_d2 = 0, sum_t3_d = 0, sum_t4 = 0;
   // rounding probe
   double noise_sq = 0, noise_max_abs = 0;
@@ -227,6 +227,7 @@ __device__ __forceinline__ void accumulate_f32(const CompareArgs& a, F32State& s
     s.sum_truth += t;
     s.sum_truth_diff += t * e;
     s.sum_truth_single_err += t * e1;
+    s.sum_single_err += e1;
     s.sum_t2_d2 += t2 * e * e;
     s.sum_t3_d += t2 * t * e;
     s.sum_t4 += t2 * t2;
@@ -264,6 +265,7 @@ __device__ CompareSums to_sums(const F32State& f) {
   s.sum_truth = f.sum_truth;
   s.sum_truth_diff = f.sum_truth_diff;
   s.sum_truth_single_err = f.sum_truth_single_err;
+  s.sum_single_err = f.sum_single_err;
   s.sum_t2_d2 = f.sum_t2_d2;
   s.sum_t3_d = f.sum_t3_d;
   s.sum_t4 = f.sum_t4;
