@@ -176,7 +176,8 @@ def measure(args):
 def condense(args):
     with open(args.report) as f:
         r = json.load(f)
-    keep = ("rms", "scale_shift", "scale_shift_sigma", "single_scale_error", "variation")
+    keep = ("rms", "scale_shift", "scale_shift_sigma", "single_scale_error", "variation",
+            "single_error_offset_share")
     cases = []
     for c in r["cases"]:
         tensors = []
@@ -188,7 +189,7 @@ def condense(args):
             verdicts = {p: {"status": v["status"], "reason": v["reason"][:len(SCALE_REASON)]}
                         for p, v in t["verdicts"].items() if p in ("truth", "te")}
             tensors.append({"name": t["name"], "verdicts": verdicts,
-                            "statistics": {"truth": {k: truth[k] for k in keep}} if truth else {}})
+                            "statistics": {"truth": {k: truth.get(k) for k in keep}} if truth else {}})
         cases.append({"id": c["id"], "tensors": tensors})
     with open(args.out, "w") as f:
         json.dump({"environment": r["environment"], "cases": cases}, f, separators=(",", ":"))
