@@ -82,8 +82,8 @@ Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
   // stays non-zero where the result cancels to zero).
   double floor_max = scale * (c.truth_max_abs + c.rounding_noise_max_abs);
   double floor_rms = scale * (c.truth_rms + c.rounding_noise_rms);
-  // One sample (numerics.h): single's error is one number repeated; under a recipe the
-  // floor allows one rounding to the case's coarsest format.
+  // One sample (numerics.h): single's error is mostly one number repeated; under a recipe
+  // the floor allows one rounding to the case's coarsest format.
   const bool one_sample =
       p.format_unit_roundoff > 0 && c.single_error_offset_share >= p.one_sample_share;
   if (one_sample) {
@@ -102,19 +102,21 @@ Verdict evaluate_truth(const TruthPolicyParams& p, const TensorComparison& c) {
       g3(c.single_vs_truth.rms), g3(multiplier), g3(floor_rms), g3(limit_rms),
       rms_ok ? "" : ", EXCEEDED");
   if (one_sample) {
-    reason += fmt::format("; single's error is one number repeated ({} of it a common offset), "
-                          "so the floor adds one rounding to the format (u {})",
+    reason += fmt::format("; single's error is mostly one number repeated ({} of its square a "
+                          "common offset), so the floor adds one rounding to the format (u {})",
                           g3(c.single_error_offset_share), g3(p.format_unit_roundoff));
   }
   if (!max_ok || !rms_ok) return fail(reason);
   if (p.scale_z <= 0 || c.truth_rms == 0) return pass(reason);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
   const double z = c.scale_shift_sigma > 0 ? std::fabs(c.scale_shift) / c.scale_shift_sigma
-                                           : (c.scale_shift != 0 ? std::numeric_limits<double>::infinity() : 0.0);
+                                           : (c.scale_shift != 0 ? kInf : 0.0);
   const bool varies = c.truth_variation >= p.scale_min_variation;
   const bool resolved = std::fabs(c.single_scale_error) < p.scale_max_single;
   // A rescaled single (underflow) allows a sharded run rescaled as many times more as its
   // error may be larger (numerics.h).
-  const double min_shift = std::max(p.scale_min_shift, multiplier * std::fabs(c.single_scale_error));
+  const double min_shift =
+      std::max(p.scale_min_shift, multiplier * std::fabs(c.single_scale_error));
   const bool rescaled =
       varies && resolved && std::fabs(c.scale_shift) > min_shift && z > p.scale_z;
   const std::string shift = fmt::format(

@@ -72,7 +72,9 @@ TEST(CudaAllocator, LiveStreamsDoNotShareBlocks) {
   EXPECT_EQ(after - before, std::size_t{8} << 20);
 }
 
-void CUDART_CB sleep_on_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+void CUDART_CB sleep_on_stream(void*) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
 
 TEST(CudaAllocator, ABlockFreedFromAnotherStreamIsNotReusedUnderItsPendingReads) {
   TPCHECK_REQUIRE_GPU();
@@ -98,7 +100,8 @@ TEST(CudaAllocator, ABlockFreedFromAnotherStreamIsNotReusedUnderItsPendingReads)
   ASSERT_EQ(cudaMallocHost(&seen, kBytes), cudaSuccess);
   // The read waits behind 300 ms of host work on the reader's stream.
   ASSERT_EQ(cudaLaunchHostFunc(reader, sleep_on_stream, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(seen, result.raw(), kBytes, cudaMemcpyDeviceToHost, reader), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(seen, result.raw(), kBytes, cudaMemcpyDeviceToHost, reader),
+            cudaSuccess);
   const void* block = result.raw();
   result = Tensor();  // freed while the read is queued
   const void* reused = nullptr;

@@ -430,7 +430,10 @@ TEST(TruthPolicy, ScaleTestCatchesARescaledTensorTheBoundsPass) {
   ASSERT_LT(bug.sharded_vs_truth.max_abs, 4 * std::sqrt(2.0) * bug.single_vs_truth.max_abs);
   const Verdict vb = evaluate(p, bug);
   EXPECT_EQ(vb.status, VerdictStatus::kFail) << vb.reason;
-  EXPECT_EQ(vb.reason.rfind("sharded is single rescaled along the truth: scale shift along truth -0.3", 0), 0u)
+  EXPECT_EQ(vb.reason.rfind("sharded is single rescaled along the truth: scale shift along "
+                            "truth -0.3",
+                            0),
+            0u)
       << vb.reason;
   const Verdict vo = evaluate(p, ok);
   EXPECT_EQ(vo.status, VerdictStatus::kPass) << vo.reason;
