@@ -59,11 +59,22 @@ def z_of(truth):
     return math.inf if shift != 0 else 0.0
 
 
-def scale_flags(truth, z, min_shift, min_variation, multiplier, tp, max_single=0.5):
-    if z <= 0 or not truth.get("rms") or abs(truth["single_scale_error"]) >= max_single:
-        return False
-    floor = max(min_shift, multiplier * math.sqrt(tp) * abs(truth["single_scale_error"]))
-    return (truth["variation"] >= min_variation and abs(truth["scale_shift"]) > floor
+MAX_SINGLE = 0.5  # TruthPolicyParams::scale_max_single
+
+
+def tested(truth, min_variation):
+    """Whether the scale test judges this tensor: a truth that varies and single resolves."""
+    return (bool(truth.get("rms")) and truth["variation"] >= min_variation
+            and abs(truth["single_scale_error"]) < MAX_SINGLE)
+
+
+def shift_floor(truth, min_shift, multiplier, tp):
+    return max(min_shift, multiplier * math.sqrt(tp) * abs(truth["single_scale_error"]))
+
+
+def scale_flags(truth, z, min_shift, min_variation, multiplier, tp):
+    return (z > 0 and tested(truth, min_variation)
+            and abs(truth["scale_shift"]) > shift_floor(truth, min_shift, multiplier, tp)
             and z_of(truth) > z)
 
 
@@ -104,23 +115,22 @@ def calibrate(args):
         rows[(label(r), r["tp"])].append(r)
     near = []
     for (rec, tp), rs in sorted(rows.items()):
-        tested, big_shift, big_z = 0, (0.0, 0.0), (0.0, 0.0)
+        n_tested, big_shift, big_z = 0, (0.0, 0.0), (0.0, 0.0)
         for r in rs:
             for c in r["cases"]:
                 for t in c["tensors"]:
                     truth = t["statistics"].get("truth")
-                    if (truth is None or not truth.get("rms") or truth["variation"] < args.min_variation
-                            or abs(truth["single_scale_error"]) >= 0.5):
+                    if truth is None or not tested(truth, args.min_variation):
                         continue
-                    tested += 1
+                    n_tested += 1
                     s, z = abs(truth["scale_shift"]), z_of(truth)
                     b = abs(truth["single_scale_error"])
-                    floor = max(args.min_shift, args.multiplier * math.sqrt(tp) * b)
+                    floor = shift_floor(truth, args.min_shift, args.multiplier, tp)
                     big_shift = max(big_shift, (s, z))
                     big_z = max(big_z, (z, s))
                     near.append((min(s / floor, z / args.z), s, z, b, truth["variation"],
                                  rec, tp, r["seed"], c["id"], t["name"]))
-        print(f"| {rec} | {tp} | {len(rs)} | {tested} | {big_shift[0]:.3g} ({big_shift[1]:.3g}) "
+        print(f"| {rec} | {tp} | {len(rs)} | {n_tested} | {big_shift[0]:.3g} ({big_shift[1]:.3g}) "
               f"| {big_z[0]:.3g} ({big_z[1]:.3g}) |")
     near.sort(reverse=True)
     print(f"\nclosest to failing at z {args.z}, min shift {args.min_shift} "
@@ -136,7 +146,8 @@ def calibrate(args):
     for s in grid_s:
         cells = []
         for z in grid_z:
-            n = sum(case_fails(c, r["tp"], z, s, args.min_variation, args.multiplier) for r in runs for c in r["cases"])
+            n = sum(case_fails(c, r["tp"], z, s, args.min_variation, args.multiplier)
+                    for r in runs for c in r["cases"])
             cells.append(str(n))
         print(f"| {s} | " + " | ".join(cells) + " |")
 
@@ -147,7 +158,8 @@ def measure(args):
     for r in runs:
         key = (label(r), r["mutation"])
         without = sum(case_fails(c, r["tp"], 0, 0, 0, 0) for c in r["cases"])
-        with_scale = sum(case_fails(c, r["tp"], args.z, args.min_shift, args.min_variation, args.multiplier) for c in r["cases"])
+        with_scale = sum(case_fails(c, r["tp"], args.z, args.min_shift, args.min_variation,
+                                    args.multiplier) for c in r["cases"])
         te = sum(case_fails_te(c) for c in r["cases"])
         cell = table[key].setdefault(r["tp"], [0, 0, 0, 0, []])
         cell[0] += without
