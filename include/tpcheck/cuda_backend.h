@@ -43,6 +43,11 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& options,
                                                std::string_view what = "tensor");
 
+// cast_satfinite (quant.h) on the GPU, element for element: x a GPU f32 tensor, format
+// f8e4m3, f8e5m2 or f4e2m1 (a byte an element); the device casts the quantization kernels
+// use (tests compare them with the CPU's on every f32 pattern). Built without CUDA: an error.
+Tensor cast_satfinite_on_gpu(const Tensor& x, DType format);
+
 // quantized_values() (quant.h) on the GPU: one copy of GPU-quantized data decoded, times
 // its block scales, into a GPU f32 tensor (exact, as on the CPU); what the CUDA backend's
 // emulated GEMMs multiply. Built without CUDA: an error.

@@ -24,6 +24,12 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor&, const QuantizeOpti
   return nullptr;
 }
 
+Tensor cast_satfinite_on_gpu(const Tensor&, DType) {
+  TPCHECK_CHECK_INPUT(false, "cast_satfinite_on_gpu: this tpcheck was built without CUDA "
+                             "(TPCHECK_CUDA=OFF)");
+  return {};
+}
+
 QuantizedValues quantized_values_on_gpu(const QuantizedData&, bool) {
   TPCHECK_CHECK_INPUT(false, "quantized_values_on_gpu: this tpcheck was built without CUDA "
                              "(TPCHECK_CUDA=OFF)");

@@ -11,9 +11,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/gpu_test_support.h"
@@ -184,6 +187,67 @@ TEST(CudaQuantize, BlockRecipesMatchTheCpuOnEdgeTilesNanAndEachCopy) {
         }
       }
     }
+  }
+}
+
+// The device element casts the quantization kernels use, against the CPU's cast_satfinite
+// (itself checked against ml_dtypes, tests/python/test_quant_conformance.py): E2M1 on
+// every one of the 2^32 f32 patterns — its FP32-pipe path on every value that is not NaN,
+// sat_e2m1 on every NaN (cast_satfinite_kernel) —, E4M3 and E5M2 on every 251st pattern
+// (their hardware conversion; a NaN need only stay a NaN, see the test above).
+TEST(CudaQuantize, ElementCastsMatchTheCpuOnEveryF32Pattern) {
+  TPCHECK_REQUIRE_GPU();
+  auto backend = make_cuda_backend();
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  // Runs fn(begin, end) over [0, n) split across the host's cores.
+  const auto parallel = [&](std::size_t n, const auto& fn) {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] { fn(n * t / threads, n * (t + 1) / threads); });
+    }
+    for (auto& th : pool) th.join();
+  };
+  struct FormatCase {
+    DType format;
+    std::uint64_t stride;  // patterns 0, stride, 2·stride, ... below 2^32
+  };
+  constexpr std::uint64_t kPatterns = std::uint64_t{1} << 32;
+  constexpr std::size_t kChunk = std::size_t{1} << 26;
+  for (const FormatCase fc : {FormatCase{DType::kF4E2M1, 1}, FormatCase{DType::kF8E4M3, 251},
+                              FormatCase{DType::kF8E5M2, 251}}) {
+    const std::uint64_t count = (kPatterns + fc.stride - 1) / fc.stride;
+    std::atomic<std::uint64_t> mismatches{0}, first_bad{kPatterns};
+    for (std::uint64_t begin = 0; begin < count; begin += kChunk) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, count - begin));
+      std::vector<float> values(n);
+      parallel(n, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) {
+          values[i] = std::bit_cast<float>(static_cast<std::uint32_t>((begin + i) * fc.stride));
+        }
+      });
+      const Tensor x = Tensor::from_f32(values, {static_cast<std::int64_t>(n)}, DType::kF32);
+      const Tensor gpu = cast_satfinite_on_gpu(x.to_device(Device::kCuda), fc.format).to_host();
+      const auto* bytes = static_cast<const std::uint8_t*>(gpu.raw());
+      parallel(n, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) {
+          const std::uint8_t cpu = cast_satfinite(fc.format, values[i]);
+          const bool same = std::isnan(values[i]) && fc.format != DType::kF4E2M1
+                                ? std::isnan(fc.format == DType::kF8E4M3
+                                                 ? f8e4m3_bits_to_f32(bytes[i])
+                                                 : f8e5m2_bits_to_f32(bytes[i]))
+                                : bytes[i] == cpu;
+          if (!same) {
+            ++mismatches;
+            std::uint64_t pattern = (begin + i) * fc.stride, seen = first_bad.load();
+            while (pattern < seen && !first_bad.compare_exchange_weak(seen, pattern)) {
+            }
+          }
+        }
+      });
+    }
+    EXPECT_EQ(mismatches.load(), 0u)
+        << dtype_name(fc.format) << ": " << mismatches.load() << " of " << count
+        << " patterns differ; the first 0x" << std::hex << first_bad.load() << std::dec;
   }
 }
 

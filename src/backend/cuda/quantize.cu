@@ -18,12 +18,13 @@
 // thread walking a block; the tiled kernels walk the tensor from its end, where the L2
 // still holds what the pass before read last (tile_from_the_end); outputs are allocated
 // without a zero fill (Tensor::empty).
-// bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-02, bf16
-// 8192², both copies: FP8 block scaling 72 %, MXFP8 65 %, per-tensor FP8 54 % — 81 %
-// counting its amax pass —, NVFP4 31 %); each warp store of a transposed copy writes whole
-// 32-byte sectors (TransposedSlice: half sectors ran at two thirds of the speed in
-// bench/transpose_cast_bench.cu); NVFP4's E2M1 cast (~16 instructions an element, no
-// hardware cast before sm_100) makes it compute-bound.
+// bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-02T21:20Z,
+// bf16 8192², both copies: FP8 block scaling 72 %, MXFP8 72 %, per-tensor FP8 54 % — 80 %
+// counting its amax pass —, NVFP4 43 % — 65 % with its amax pass); each warp store of a
+// transposed copy writes whole 32-byte sectors (TransposedSlice: half sectors ran at two
+// thirds of the speed in bench/transpose_cast_bench.cu); E2M1, which has no hardware cast
+// before sm_100, is rounded by three FFMAs and two mins (e2m1_magnitude_code_no_nan)
+// instead of ~15 integer instructions (NVFP4 0.201 → 0.149 ms).
 // Thread safety: kernels run on the calling thread's stream (current_stream()).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -57,16 +58,19 @@ __device__ __forceinline__ std::uint8_t sat_fp8(float v, bool e5m2) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
-// cast_satfinite for E2M1 (no instruction before sm_100), without a branch: the nearest
-// of 0, 0.5, 1, 1.5, 2, 3, 4, 6, ties to the even pattern, larger magnitudes (inf
-// included) to 6, NaN to the zero of the opposite sign (dtype.h's rule). Two roundings,
-// one chosen by the magnitude m:
+// cast_satfinite for E2M1 (no instruction before sm_100), for any value, NaN included:
+// the nearest of 0, 0.5, 1, 1.5, 2, 3, 4, 6, ties to the even pattern, larger magnitudes
+// (inf included) to 6, NaN to the zero of the opposite sign (dtype.h's rule). Two
+// roundings, one chosen by the magnitude m:
 //   m < 1   the grid is 0, 0.5, 1 (codes 0, 1, 2): code = rint(2m), by the FFMA that adds
 //           1.5 · 2^23 (one rounding of the exact sum, to an integer, ties to even);
 //   m >= 1  one significand bit, codes 2 ... 7 in order: round the f32 bits to nearest
 //           even at bit 22 (add 0x1FFFFF plus the kept bit), the bits above are then
 //           exponent and kept bit, i.e. 254 for 1.0 ... 259 for 6.0: code = that − 252,
 //           at most 7 (what rounds past 6, inf included, saturates).
+// About 15 integer instructions an element, which run at half the FP32 rate on sm_90:
+// the quantization kernels use e2m1_pack4_no_nan below and come here only for a block
+// that holds a NaN.
 __device__ __forceinline__ std::uint32_t sat_e2m1(float v) {
   const std::uint32_t bits = __float_as_uint(v);
   const std::uint32_t sign = (bits >> 28) & 0x8u;
@@ -82,14 +86,65 @@ __device__ __forceinline__ std::uint32_t sat_e2m1(float v) {
   return sign ^ (magnitude > 0x7f800000u ? 0x8u : code);
 }
 
+// The E2M1 magnitude code (0 ... 7) of a value that is not NaN, in the low byte of the
+// result (the bits above are 0x4B4000), in floating-point instructions. With
+// m = min(|t|, 6), the code is
+//   min(rint(2m), rint(m) + 2, rint(m / 2) + 4)
+// with rint rounding to nearest even: on m < 2 the grid is 0.5 apart and the code 2m
+// (first term); on [2, 4) it is 1 apart and the code m + 2 (second); on [4, 6] 2 apart and
+// the code m / 2 + 4 (third). Each term is the smallest on its own range, because rint is
+// monotonic and 2m <= m + 2 exactly when m <= 2, m + 2 <= m / 2 + 4 when m <= 4, and
+// 2m <= m / 2 + 4 when m <= 8/3; and each rounds ties to the even code, because the
+// code is the rounded integer itself (adding an even 2 or 4 keeps parity). Each term is
+// one FFMA adding 1.5 · 2^23 (+ 2, + 4): the exact sum rounded once to an integer, ties
+// to even, and the three sums lie in [2^23, 2^24), where floats order like their bits and
+// the bits minus 0x4B400000 are the integer. 6 → min(12, 8, 7) = 7, inf → 6 → 7.
+// Five FP32-pipe instructions and three min (ALU) an element against sat_e2m1's ~15 ALU.
+__device__ __forceinline__ std::uint32_t e2m1_magnitude_code_no_nan(float t) {
+  const float m = fminf(fabsf(t), 6.0f);
+  const float by_half = fmaf(m, 2.0f, 12582912.0f);        // 1.5·2^23 + rint(2m)
+  const float by_one = m + 12582914.0f;                    // 1.5·2^23 + rint(m) + 2
+  const float by_two = fmaf(m, 0.5f, 12582916.0f);         // 1.5·2^23 + rint(m/2) + 4
+  return __float_as_uint(fminf(fminf(by_half, by_one), by_two));
+}
+
+// prmt.b32 in its default mode: a selector nibble of 8 ... 15 picks byte (nibble & 7) and
+// replicates its top bit over the result byte (__byte_perm ignores that bit).
+__device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
+  std::uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Four values none of which is NaN, cast to E2M1 as sat_e2m1 does, packed a byte each
+// (value 0 in the low byte): the magnitude codes' low bytes gathered, and each value's
+// sign, replicated over a byte from its top byte, masked to 0x8 and merged.
+__device__ __forceinline__ std::uint32_t e2m1_pack4_no_nan(float a, float b, float c, float d) {
+  const std::uint32_t codes_ab = __byte_perm(e2m1_magnitude_code_no_nan(a),
+                                             e2m1_magnitude_code_no_nan(b), 0x7740);
+  const std::uint32_t codes_cd = __byte_perm(e2m1_magnitude_code_no_nan(c),
+                                             e2m1_magnitude_code_no_nan(d), 0x7740);
+  const std::uint32_t signs_ab = prmt(__float_as_uint(a), __float_as_uint(b), 0x00fbu);  // a.3, b.3
+  const std::uint32_t signs_cd = prmt(__float_as_uint(c), __float_as_uint(d), 0x00fbu);
+  const std::uint32_t codes = __byte_perm(codes_ab, codes_cd, 0x5410);
+  const std::uint32_t signs = __byte_perm(signs_ab, signs_cd, 0x5410);
+  return codes | (signs & 0x08080808u);
+}
+
 // The element formats of the casts below: the FP8 ones through the paired conversion
-// (two values an instruction), E2M1 one value at a time.
+// (two values an instruction), E2M1 in FP32 arithmetic (e2m1_pack4_no_nan), or sat_e2m1
+// per value when a NaN may be among them.
 enum class CastFormat : int { kE4M3, kE5M2, kE2M1 };
 
-// Four values cast and packed into a word, value 0 in the low byte.
+// Four values cast and packed into a word, value 0 in the low byte. `may_hold_nan` matters
+// to E2M1 only (the FP8 conversions handle NaN themselves): the block kernel passes
+// whether the values' block has a NaN amax — warp-uniform in practice, and false for every
+// block of a NaN-free tensor.
 template <CastFormat F>
-__device__ __forceinline__ std::uint32_t cast4(float a, float b, float c, float d) {
+__device__ __forceinline__ std::uint32_t cast4(float a, float b, float c, float d,
+                                               bool may_hold_nan) {
   if constexpr (F == CastFormat::kE2M1) {
+    if (!may_hold_nan) return e2m1_pack4_no_nan(a, b, c, d);
     const std::uint32_t ab = __byte_perm(sat_e2m1(a), sat_e2m1(b), 0x7740);  // a, b, 0, 0
     const std::uint32_t cd = __byte_perm(sat_e2m1(c), sat_e2m1(d), 0x7740);
     return __byte_perm(ab, cd, 0x5410);
@@ -123,14 +178,14 @@ __device__ __forceinline__ std::uint32_t cast4(float a, float b, float c, float 
   }
 }
 
-// The words of N values (a multiple of 4) times `factor`, cast.
+// The words of N values (a multiple of 4) times `factor`, cast (may_hold_nan: cast4).
 template <CastFormat F, int N>
-__device__ __forceinline__ void cast_words(const float (&v)[N], float factor,
+__device__ __forceinline__ void cast_words(const float (&v)[N], float factor, bool may_hold_nan,
                                            std::uint32_t (&words)[N / 4]) {
 #pragma unroll
   for (int w = 0; w < N / 4; ++w) {
     words[w] = cast4<F>(v[4 * w] * factor, v[4 * w + 1] * factor, v[4 * w + 2] * factor,
-                        v[4 * w + 3] * factor);
+                        v[4 * w + 3] * factor, may_hold_nan);
   }
 }
 
@@ -150,9 +205,10 @@ __device__ __forceinline__ void store_words(std::uint8_t* dst, const std::uint32
 // N values (4, 8 or 16) times `factor`, cast, stored as N consecutive bytes in one store.
 // REQUIRES: dst aligned to N bytes.
 template <CastFormat F, int N>
-__device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N], float factor) {
+__device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N], float factor,
+                                           bool may_hold_nan) {
   std::uint32_t words[N / 4];
-  cast_words<F>(v, factor, words);
+  cast_words<F>(v, factor, may_hold_nan, words);
   store_words(dst, words);
 }
 
@@ -301,6 +357,19 @@ __device__ __forceinline__ void load4_widened(const T* p, float (&v)[4]) {
     const uint2 q = *reinterpret_cast<const uint2*>(p);
     const std::uint32_t w[2] = {q.x, q.y};
     widen_words<T>(w, v);
+  }
+}
+
+// Two consecutive elements of shared memory widened (4 bytes for f16 / bf16, 8 for f32).
+// REQUIRES: p aligned to 2 elements.
+template <typename T>
+__device__ __forceinline__ void load2_widened(const T* p, float (&v)[2]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = __uint_as_float(q.x), v[1] = __uint_as_float(q.y);
+  } else {
+    const float2 f = widen2<T>(*reinterpret_cast<const std::uint32_t*>(p));
+    v[0] = f.x, v[1] = f.y;
   }
 }
 
@@ -456,7 +525,7 @@ __global__ void __launch_bounds__(kCastThreads)
       float v[V];
       load_vec(x + r * cols + c, v);
       std::uint32_t words[V / 4];
-      cast_words<F>(v, scale, words);
+      cast_words<F>(v, scale, /*may_hold_nan=*/true, words);  // FP8: no E2M1 here
       if (row_out) store_words(row_out + r * cols + c, words);
 #pragma unroll
       for (int w = 0; w < V / 4; ++w) {  // a word at a time: tile rows are 4-byte aligned
@@ -493,37 +562,49 @@ __global__ void __launch_bounds__(kCastThreads)
 // E4M3 bits for NVFP4) — the device twins of the CPU's fp8_block_scale, MXFP8's E8M0
 // scale and NVFP4's E4M3 block scale, operation for operation. NVFP4's two per-tensor
 // terms (S_enc / 6 and s_dec = 1 / S_enc) are computed once, by the same operations the
-// CPU repeats per block, so their values are the CPU's.
+// CPU repeats per block, so their values are the CPU's; and so is its factor,
+// min(1 / (sb · s_dec), FLT_MAX), which depends on the block only through its E4M3 scale
+// sb (0 ... 0x7E: a non-negative amax, saturated): a kernel computes the 127 factors once
+// into shared memory (nvfp4_factor_table) and each block looks its own up, instead of an
+// IEEE division per block.
 template <BlockRecipe R>
 struct BlockScale {
   using ScaleInv = std::conditional_t<R == BlockRecipe::kFp8Block, float, std::uint8_t>;
   float factor;
   ScaleInv scale_inv;
+  bool has_nan;  // the block's amax is NaN: one of its elements is (cast4's may_hold_nan)
   __device__ __forceinline__ void write_scale_inv(void* scale_invs, long long index) const {
     static_cast<ScaleInv*>(scale_invs)[index] = scale_inv;
   }
 };
 
+constexpr int kNvfp4Factors = 128;  // one per E4M3 block scale 0 ... 0x7E (and 0x7F, unused)
+
 template <BlockRecipe R>
 struct BlockScaler {
-  float s_enc_over_6 = 0.0f, s_dec = 0.0f;  // NVFP4 only
-  __device__ __forceinline__ explicit BlockScaler(float s_enc) {
+  float s_enc_over_6 = 0.0f;                   // NVFP4 only
+  const float* nvfp4_factor_table = nullptr;   // NVFP4 only: [kNvfp4Factors], shared memory
+  __device__ __forceinline__ BlockScaler(float s_enc, const float* factor_table) {
     if constexpr (R == BlockRecipe::kNvfp4) {
       s_enc_over_6 = s_enc * (1.0f / 6.0f);
-      s_dec = __fdiv_rn(1.0f, s_enc);
+      nvfp4_factor_table = factor_table;
     }
+  }
+  // NVFP4: the factor of E4M3 block scale sb, for s_dec = 1 / S_enc (the table's entries).
+  __device__ static __forceinline__ float nvfp4_factor(std::uint32_t sb, float s_dec) {
+    return fminf(__fdiv_rn(1.0f, f8e4m3_to_float(static_cast<std::uint8_t>(sb)) * s_dec), FLT_MAX);
   }
   __device__ __forceinline__ BlockScale<R> of(float amax) const {
     if constexpr (R == BlockRecipe::kFp8Block) {
       const float factor = fp8_block_scale_dev(amax);
-      return {factor, power_of_two_reciprocal(factor)};
+      return {factor, power_of_two_reciprocal(factor), isnan(amax)};
     } else if constexpr (R == BlockRecipe::kMxfp8) {
       const std::uint32_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
-      return {e8m0_reciprocal_dev(e), static_cast<std::uint8_t>(e)};
+      return {e8m0_reciprocal_dev(e), static_cast<std::uint8_t>(e), isnan(amax)};
     } else {
       const float decode = amax * s_enc_over_6;
       const std::uint8_t sb = sat_fp8(fminf(decode, FLT_MAX), false);
-      return {fminf(__fdiv_rn(1.0f, f8e4m3_to_float(sb) * s_dec), FLT_MAX), sb};
+      return {nvfp4_factor_table[sb & (kNvfp4Factors - 1)], sb, isnan(amax)};
     }
   }
 };
@@ -559,6 +640,29 @@ struct MagnitudeKeys {
       return word;
     }
   }
+  // Four consecutive elements of shared memory (REQUIRES: aligned to 4 elements): their
+  // keys max-accumulated into acc, kept as loaded (two to a word for f16 / bf16).
+  static constexpr int kWordsPer4 = kPacked ? 2 : 4;
+  __device__ static __forceinline__ void accumulate4(const T* p, std::uint32_t (&acc)[kWordsPer4]) {
+    if constexpr (kPacked) {
+      const uint2 q = *reinterpret_cast<const uint2*>(p);
+      acc[0] = max_of(acc[0], q.x & kMask);
+      acc[1] = max_of(acc[1], q.y & kMask);
+    } else {
+      const uint4 q = *reinterpret_cast<const uint4*>(p);
+      acc[0] = max(acc[0], q.x & kMask), acc[1] = max(acc[1], q.y & kMask);
+      acc[2] = max(acc[2], q.z & kMask), acc[3] = max(acc[3], q.w & kMask);
+    }
+  }
+  // Element k's key (k = 0 ... 3) of accumulate4's words.
+  __device__ static __forceinline__ std::uint32_t key_of(const std::uint32_t (&acc)[kWordsPer4],
+                                                         int k) {
+    if constexpr (kPacked) {
+      return (acc[k / 2] >> (16 * (k % 2))) & 0xffffu;
+    } else {
+      return acc[k];
+    }
+  }
   // The f32 bits of |v| for the element whose key this is.
   __device__ static __forceinline__ unsigned amax_bits_of(std::uint32_t key) {
     const auto bits = static_cast<unsigned short>(key);
@@ -589,21 +693,25 @@ __device__ __forceinline__ float amax_of_bits(unsigned bits) {
 //            (32 KB for f16 / bf16, 64 KB for f32; exact either way), with cp.async, all
 //            of them in flight at once; then it reads its own rows back one at a time and
 //            keeps the max |v| of each of its V columns over its chunk (the columnwise
-//            partials).
+//            partials, for 128-row blocks).
 //   rowwise  (1 x BC blocks) a block's BC elements are the loads of BC / V consecutive
 //            threads of one row (2 to 32, aligned in the warp): their amax is a
 //            butterfly of __shfl_xor_sync over those lanes, every lane computes the
 //            factor, one writes the scale_inv, and each casts and stores its V bytes
 //            straight to global memory (a warp writes whole 128-byte rows).
-//   columnwise (BC x 1 blocks of the tensor, stored transposed) the partials go to shared
-//            memory [groups][128]; a block of BC rows covers BC / chunk groups (BC is a
-//            multiple of the chunk), so one thread per (tile column, block) reduces them,
-//            computes the factor, writes the scale_inv and leaves the factor in shared
-//            memory. Then each thread takes four tile columns of one 16-row segment
-//            (TransposedSlice; a segment never straddles two blocks: BC is a multiple of
-//            16): it reads the four columns of a row at once (a half-warp reads 64 or 128
-//            bytes of one tile row), multiplies each value by its block's factor, casts
-//            four rows of a column into a word, and writes each column's 16 bytes at once.
+//   columnwise (BC x 1 blocks of the tensor, stored transposed) each thread takes four
+//            tile columns of one 16-row segment (TransposedSlice; a segment never
+//            straddles two blocks: BC is a multiple of 16). The blocks' factors: for
+//            BC = 16 or 32 (NVFP4, MXFP8) the thread reduces its segment's four column
+//            keys itself, and for 32 with lane ^ 16, which holds the block's other
+//            segment (one shuffle), computes the four factors and writes the scale_invs;
+//            for BC = 128 (FP8 block scaling) the load's partials go to shared memory
+//            [groups][128], one thread per (tile column, block) reduces the BC / chunk
+//            groups' partials, computes the factor, writes the scale_inv and leaves the
+//            factor in shared memory. Then the thread reads the four columns of a row at
+//            once (a half-warp reads 64 or 128 bytes of one tile row), multiplies each
+//            value by its block's factor, casts four rows of a column into a word, and
+//            writes each column's 16 bytes at once.
 //   2-D      (128 x 128 blocks, FP8 block scaling's weights: tile = block) one amax for
 //            the tile by a block reduction, one factor for both copies; the rowwise copy
 //            from the tile (each thread its own rows), the columnwise as above.
@@ -622,16 +730,21 @@ constexpr std::size_t kBlockTileBytes = sizeof(T) * kBlockTile * kBlockTile;
 // partials and factors), 3 for f32 (80 registers; 64 KB + 8 KB of shared memory allow 3).
 // More blocks keep more of the tile copies in flight. Before sm_89 the FP8
 // casts are emulated in software and need more registers: 3 there (80), so nothing spills.
+// NVFP4 spills in 48 registers (16-20 bytes from f16 / bf16: its E2M1 cast keeps more
+// values live than the FP8 conversions): 4 blocks there (64 registers; it uses 56), and 2
+// from f32 (up to 128; it uses 72, so 3 still fit).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 constexpr bool kSoftwareFp8Cast = true;
 #else
 constexpr bool kSoftwareFp8Cast = false;
 #endif
-template <typename T>
-constexpr int kBlockMinBlocksPerSm = sizeof(T) == 4 || kSoftwareFp8Cast ? 3 : 5;
+template <typename T, BlockRecipe R>
+constexpr int kBlockMinBlocksPerSm = sizeof(T) == 4 || kSoftwareFp8Cast
+                                         ? (sizeof(T) == 4 && R == BlockRecipe::kNvfp4 ? 2 : 3)
+                                         : (R == BlockRecipe::kNvfp4 ? 4 : 5);
 
 template <typename T, BlockRecipe R, int BC, bool kTwoD>
-__global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
+__global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
     block_tile_kernel(const T* __restrict__ x, long long rows, long long cols,
                       long long col_tiles, const float* s_enc, std::uint8_t* row_data,
                       void* row_scale_inv, std::uint8_t* col_data, void* col_scale_inv,
@@ -641,7 +754,13 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   constexpr int kGroups = kBlockThreads / kThreadsPerRow;     // 16 or 8
   constexpr int kChunk = kBlockTile / kGroups;                // 8 or 16 rows per thread
   constexpr int kLanesPerBlock = BC / V;                      // a rowwise block's threads
-  constexpr int kGroupsPerBlock = BC / kChunk;                // a columnwise block's groups
+  // Columnwise blocks of 16 or 32 rows (NVFP4, MXFP8) are one or two of the transposed
+  // store's 16-row segments, held by one thread or by lanes l and l + 16: their amax is
+  // reduced there, in registers. FP8 block scaling's 128-row blocks span four warps: their
+  // amaxes come from the load's per-group partials, through shared memory.
+  constexpr bool kColumnAmaxInStore = !kTwoD && BC <= 32;
+  constexpr bool kColumnPartials = !kTwoD && !kColumnAmaxInStore;
+  constexpr int kGroupsPerBlock = kColumnPartials ? BC / kChunk : 1;  // a columnwise block's groups
   constexpr int kBlocksPerLine = kBlockTile / BC;
   constexpr int kSegments = kBlockTile / 16;                  // of a transposed tile row
   static_assert(kBlockTile % BC == 0 && BC % 16 == 0, "a block lies in one tile, in whole segments");
@@ -650,7 +769,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
                     (kLanesPerBlock & (kLanesPerBlock - 1)) == 0 &&
                     kThreadsPerRow % kLanesPerBlock == 0,
                 "a rowwise block is a power-of-two group of lanes, aligned in its warp");
-  static_assert(BC % kChunk == 0, "a row group's chunk lies in one columnwise block");
+  static_assert(!kColumnPartials || BC % kChunk == 0,
+                "a row group's chunk lies in one columnwise block");
   static_assert(kBlockThreads == 256 && kSegments == 8, "the transposed store's warp layout");
   static_assert(!kTwoD || BC == kBlockTile, "a 2-D block is the tile");
 
@@ -659,8 +779,15 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   extern __shared__ uint4 block_tile_storage[];
   T* const tile = reinterpret_cast<T*>(block_tile_storage);
   // The columnwise partials: [group][tile column], the largest key of the group's chunk.
-  __shared__ __align__(16) typename MagnitudeKeys<T>::Key col_partial[kTwoD ? 1 : kGroups][kBlockTile];
-  __shared__ __align__(16) float col_factor[kTwoD ? 1 : kBlocksPerLine][kBlockTile];  // the blocks' factors
+  __shared__ __align__(16)
+      typename MagnitudeKeys<T>::Key col_partial[kColumnPartials ? kGroups : 1][kBlockTile];
+  __shared__ __align__(16) float col_factor[kColumnPartials ? kBlocksPerLine : 1][kBlockTile];
+  // The columnwise scale_invs of a tile's column, gathered (BC <= 32: E8M0 or E4M3 bytes)
+  // and stored as one 4- or 8-byte run per column: scattered byte stores, one per block,
+  // cost MXFP8's transposed copy ~15 µs of an 8192² tensor (H200, 2026-12-02).
+  constexpr int kScaleRun = kBlockTile / BC;
+  __shared__ __align__(8)
+      std::uint8_t col_scale_run[kColumnAmaxInStore ? kBlockTile : 1][kScaleRun];
   __shared__ std::uint32_t warp_key[kBlockThreads / 32];
 
   const TileOrigin origin = tile_from_the_end(col_tiles, kBlockTile);
@@ -672,7 +799,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
   const int cc = (tid % kThreadsPerRow) * V;  // the thread's first column in the tile
   const long long c = c0 + cc;
   const bool in_cols = cc < tile_cols;  // cols is a multiple of 16: a load is in or out
-  const BlockScaler<R> scaler(R == BlockRecipe::kNvfp4 ? *s_enc : 0.0f);
+  __shared__ float nvfp4_factor_table[R == BlockRecipe::kNvfp4 ? kNvfp4Factors : 1];
+  const BlockScaler<R> scaler(R == BlockRecipe::kNvfp4 ? *s_enc : 0.0f, nvfp4_factor_table);
 
   using Keys = MagnitudeKeys<T>;
   // The largest key of each of the thread's V columns over its chunk, in the words of its
@@ -696,6 +824,12 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
     copy_async_16(tile + (chunk_row + p) * kBlockTile + cc, inside ? x + chunk_start + p * cols : x,
                   inside);
   }
+  if constexpr (R == BlockRecipe::kNvfp4) {  // while the copies fly
+    if (tid < kNvfp4Factors) {
+      nvfp4_factor_table[tid] = BlockScaler<R>::nvfp4_factor(tid, __fdiv_rn(1.0f, *s_enc));
+    }
+    __syncthreads();
+  }
   copy_async_wait_all();
 #pragma unroll 2
   for (int p = 0; p < kChunk; ++p) {  // the row in the chunk
@@ -704,7 +838,9 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
     const std::uint32_t keys[4] = {raw.x & Keys::kMask, raw.y & Keys::kMask,
                                    raw.z & Keys::kMask, raw.w & Keys::kMask};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) col_keys[i] = Keys::max_of(col_keys[i], keys[i]);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kColumnPartials) col_keys[i] = Keys::max_of(col_keys[i], keys[i]);
+    }
     std::uint32_t row_key =
         Keys::top(Keys::max_of(Keys::max_of(keys[0], keys[1]), Keys::max_of(keys[2], keys[3])));
     thread_key = max(thread_key, row_key);
@@ -721,14 +857,15 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
           }
           float v[V];
           widen_vec<T>(raw, v);
-          cast_store<kBlockFormat<R>>(row_data + chunk_start + p * cols, v, s.factor);
+          cast_store<kBlockFormat<R>>(row_data + chunk_start + p * cols, v, s.factor, s.has_nan);
         }
       }
     }
   }
   if (!kTwoD && col_data == nullptr && amax_bits == nullptr) return;  // rowwise 1-D done
 
-  if (!kTwoD && col_data != nullptr) {  // the V keys of [group][cc ...], as the tile holds them
+  // The V keys of [group][cc ...], as the tile holds them.
+  if (kColumnPartials && col_data != nullptr) {
     *reinterpret_cast<uint4*>(&col_partial[group][cc]) =
         make_uint4(col_keys[0], col_keys[1], col_keys[2], col_keys[3]);
   }
@@ -759,11 +896,11 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
         const int rr = group * kChunk + p;
         float v[V];
         widen_vec<T>(*reinterpret_cast<const uint4*>(tile + rr * kBlockTile + cc), v);
-        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor);
+        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor, false);
       }
     }
     if (col_data == nullptr) return;
-  } else {
+  } else if constexpr (kColumnPartials) {
     if (col_data == nullptr) return;
     // Block (column `col`, rows j·BC ...): partials of groups j·BC/chunk ... (whole blocks:
     // tile_rows is a multiple of BC).
@@ -780,32 +917,92 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T>)
       col_factor[j][col] = s.factor;
     }
     __syncthreads();
+  } else {
+    if (col_data == nullptr) return;
   }
 
   // The transposed store: four tile columns of one segment (it lies in one block).
   const auto [tc, segment] = transposed_slice(tid);
-  if (tc >= tile_cols || 16 * segment >= tile_rows) return;  // whole segments (see above)
+  const bool segment_inside = tc < tile_cols && 16 * segment < tile_rows;  // whole segments
   float factor[4];
+  bool any_nan = false;  // in the four columns' blocks: cast4's slow E2M1 path for all four
   if constexpr (kTwoD) {
     factor[0] = factor[1] = factor[2] = factor[3] = tile_factor;
-  } else {
+  } else if constexpr (kColumnPartials) {
     const float4 f = *reinterpret_cast<const float4*>(&col_factor[16 * segment / BC][tc]);
     factor[0] = f.x, factor[1] = f.y, factor[2] = f.z, factor[3] = f.w;
-  }
-  std::uint32_t words[4][4];  // [column][four rows each]
+  } else {
+    // The four columns' keys over the segment's 16 rows (the tile is zero outside the
+    // tensor: every thread can read its segment), then over the block's other segment —
+    // lane ^ 16, the same columns — when a block is 32 rows; every lane takes part in the
+    // shuffle, so nothing returns before it.
+    constexpr int W = Keys::kWordsPer4;
+    std::uint32_t acc[W] = {};
 #pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    float v[4][4];  // [row][column]
+    for (int i = 0; i < 16; ++i) {
+      Keys::accumulate4(tile + (16 * segment + i) * kBlockTile + tc, acc);
+    }
+    if constexpr (BC == 32) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) load4_widened(tile + (16 * segment + 4 * g + i) * kBlockTile + tc, v[i]);
+      for (int w = 0; w < W; ++w) {
+        acc[w] = Keys::max_of(acc[w], __shfl_xor_sync(0xffffffffu, acc[w], 16));
+      }
+    }
+    // The block's scale_inv, into the tile's runs: each thread of a 16-row block, the
+    // even segment's lane of a 32-row one.
+    const bool writes_scales = segment_inside && (BC == 16 || segment % 2 == 0);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      words[k][g] = cast4<kBlockFormat<R>>(v[0][k] * factor[k], v[1][k] * factor[k],
-                                           v[2][k] * factor[k], v[3][k] * factor[k]);
+      const BlockScale<R> s = scaler.of(amax_of_bits(Keys::amax_bits_of(Keys::key_of(acc, k))));
+      factor[k] = s.factor;
+      any_nan = any_nan || s.has_nan;
+      if (writes_scales) col_scale_run[tc + k][16 * segment / BC] = s.scale_inv;
     }
   }
+  if constexpr (kColumnAmaxInStore) {
+    __syncthreads();  // the runs
+    // Column tid's run: tile_rows / BC scale_invs at [c0 + tid][r0 / BC ...], at once when
+    // the tile is whole and the run aligned (rows a multiple of 128), else byte by byte.
+    if (tid < tile_cols) {
+      const int run = tile_rows / BC;
+      auto* dst = static_cast<std::uint8_t*>(col_scale_inv) + (c0 + tid) * (rows / BC) + r0 / BC;
+      if (run == kScaleRun && reinterpret_cast<std::uintptr_t>(dst) % kScaleRun == 0) {
+        if constexpr (kScaleRun == 8) {
+          *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(col_scale_run[tid]);
+        } else {
+          static_assert(kScaleRun == 4);
+          *reinterpret_cast<std::uint32_t*>(dst) =
+              *reinterpret_cast<const std::uint32_t*>(col_scale_run[tid]);
+        }
+      } else {
+        for (int j = 0; j < run; ++j) dst[j] = col_scale_run[tid][j];
+      }
+    }
+  }
+  if (!segment_inside) return;
+  // Two columns at a time (fewer values live: the block kernels hold 48 registers).
 #pragma unroll
-  for (int k = 0; k < 4; ++k) store_words(col_data + (c0 + tc + k) * rows + r0 + 16 * segment, words[k]);
+  for (int pair = 0; pair < 2; ++pair) {
+    std::uint32_t words[2][4];  // [column of the pair][four rows each]
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      float v[4][2];  // [row][column of the pair]
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        load2_widened(tile + (16 * segment + 4 * g + i) * kBlockTile + tc + 2 * pair, v[i]);
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float f = factor[2 * pair + k];
+        words[k][g] = cast4<kBlockFormat<R>>(v[0][k] * f, v[1][k] * f, v[2][k] * f, v[3][k] * f,
+                                             any_nan);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      store_words(col_data + (c0 + tc + 2 * pair + k) * rows + r0 + 16 * segment, words[k]);
+    }
+  }
 }
 
 // values[i] = element i of the copy decoded, times its block's scale_inv (none for a
@@ -829,6 +1026,33 @@ __global__ void decode_kernel(const std::uint8_t* data, long long rows, long lon
       }
     }
     values[i] = v;
+  }
+}
+
+// cast_satfinite_on_gpu's kernel: four elements a thread, through cast4 as the
+// quantization kernels call it. E2M1 goes through both of its paths: the values that are
+// not NaN through the FP32 one (NaNs replaced by 0 there), then each NaN through
+// sat_e2m1 — so a test over every f32 pattern checks each path on every value it takes.
+template <CastFormat F>
+__global__ void cast_satfinite_kernel(const float* x, long long n, std::uint8_t* out) {
+  const long long groups = (n + 3) / 4;
+  for (long long g = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float v[4];
+    for (int k = 0; k < 4; ++k) v[k] = 4 * g + k < n ? x[4 * g + k] : 0.0f;
+    std::uint32_t word;
+    if constexpr (F == CastFormat::kE2M1) {
+      word = cast4<F>(isnan(v[0]) ? 0.0f : v[0], isnan(v[1]) ? 0.0f : v[1],
+                      isnan(v[2]) ? 0.0f : v[2], isnan(v[3]) ? 0.0f : v[3], false);
+      for (int k = 0; k < 4; ++k) {
+        if (isnan(v[k])) word = (word & ~(0xffu << (8 * k))) | (sat_e2m1(v[k]) << (8 * k));
+      }
+    } else {
+      word = cast4<F>(v[0], v[1], v[2], v[3], true);
+    }
+    for (int k = 0; k < 4; ++k) {
+      if (4 * g + k < n) out[4 * g + k] = static_cast<std::uint8_t>(word >> (8 * k));
+    }
   }
 }
 
@@ -1038,6 +1262,36 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     }
   }
   return q;
+}
+
+Tensor cast_satfinite_on_gpu(const Tensor& x, DType format) {
+  using namespace cuda;
+  check_cuda_operand("cast_satfinite_on_gpu", "x", x);
+  TPCHECK_CHECK_INPUT(x.dtype() == DType::kF32, "cast_satfinite_on_gpu: x is {}; expected f32",
+                      x.describe());
+  TPCHECK_CHECK_INPUT(format == DType::kF8E4M3 || format == DType::kF8E5M2 ||
+                          format == DType::kF4E2M1,
+                      "cast_satfinite_on_gpu: format {}; expected f8e4m3, f8e5m2 or f4e2m1",
+                      dtype_name(format));
+  Tensor out = Tensor::empty(x.shape(), format, Device::kCuda);
+  const long long n = x.numel();
+  if (n == 0) return out;
+  const auto* in = static_cast<const float*>(x.raw());
+  auto* bytes = static_cast<std::uint8_t*>(out.raw());
+  const unsigned grid = grid_for((n + 3) / 4);
+  switch (format) {
+    case DType::kF8E4M3:
+      cast_satfinite_kernel<CastFormat::kE4M3><<<grid, 256, 0, current_stream()>>>(in, n, bytes);
+      break;
+    case DType::kF8E5M2:
+      cast_satfinite_kernel<CastFormat::kE5M2><<<grid, 256, 0, current_stream()>>>(in, n, bytes);
+      break;
+    default:
+      cast_satfinite_kernel<CastFormat::kE2M1><<<grid, 256, 0, current_stream()>>>(in, n, bytes);
+      break;
+  }
+  TPCHECK_LAUNCH_CHECK();
+  return out;
 }
 
 QuantizedValues quantized_values_on_gpu(const QuantizedData& q, bool columnwise) {
