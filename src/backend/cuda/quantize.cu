@@ -69,8 +69,8 @@ __device__ __forceinline__ std::uint8_t sat_fp8(float v, bool e5m2) {
 //           exponent and kept bit, i.e. 254 for 1.0 ... 259 for 6.0: code = that − 252,
 //           at most 7 (what rounds past 6, inf included, saturates).
 // About 15 integer instructions an element, which run at half the FP32 rate on sm_90:
-// the quantization kernels use e2m1_pack4_no_nan below and come here only for a block
-// that holds a NaN.
+// the quantization kernels use e2m1_pack4_no_nan below and come here only for values
+// whose block holds a NaN.
 __device__ __forceinline__ std::uint32_t sat_e2m1(float v) {
   const std::uint32_t bits = __float_as_uint(v);
   const std::uint32_t sign = (bits >> 28) & 0x8u;
@@ -99,7 +99,8 @@ __device__ __forceinline__ std::uint32_t sat_e2m1(float v) {
 // one FFMA adding 1.5 · 2^23 (+ 2, + 4): the exact sum rounded once to an integer, ties
 // to even, and the three sums lie in [2^23, 2^24), where floats order like their bits and
 // the bits minus 0x4B400000 are the integer. 6 → min(12, 8, 7) = 7, inf → 6 → 7.
-// Five FP32-pipe instructions and three min (ALU) an element against sat_e2m1's ~15 ALU.
+// Three FP32-pipe instructions and three mins (ALU) an element, against sat_e2m1's ~15
+// integer instructions.
 __device__ __forceinline__ std::uint32_t e2m1_magnitude_code_no_nan(float t) {
   const float m = fminf(fabsf(t), 6.0f);
   const float by_half = fmaf(m, 2.0f, 12582912.0f);        // 1.5·2^23 + rint(2m)
