@@ -119,11 +119,32 @@ __device__ __forceinline__ void accumulate(const CompareArgs& a, CompareSums& s,
   }
 }
 
-__global__ void __launch_bounds__(kThreads) compare_kernel(CompareArgs a) {
-  // Raw storage: a __shared__ variable cannot have a constructor (CompareSums has member
-  // initializers); every slot is written before it is read.
-  __shared__ alignas(CompareSums) unsigned char storage[sizeof(CompareSums) * kThreads];
+// The block's sums into a.partials[blockIdx.x]: a tree over the threads, thread i merging
+// i + half at each level. Shared memory holds half the threads' sums (the upper half writes,
+// the lower merges its own in registers). At 264 bytes a CompareSums (the scale test's
+// sums), a slot per thread took 33 KB a block: only 6 blocks fit an SM's 228 KB, where the
+// f32 kernel without truth has registers for 9.
+// Raw storage: a __shared__ variable cannot have a constructor (CompareSums has member
+// initializers); every slot is written before it is read.
+__device__ void reduce_block(CompareSums mine, CompareSums* partials) {
+  __shared__ alignas(CompareSums) unsigned char storage[sizeof(CompareSums) * (kThreads / 2)];
   CompareSums* block = reinterpret_cast<CompareSums*>(storage);
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= kThreads / 2) block[t - kThreads / 2] = mine;
+  __syncthreads();
+  if (t < kThreads / 2) {
+    merge_sums(mine, block[t]);
+    block[t] = mine;
+  }
+  __syncthreads();
+  for (int half = kThreads / 4; half > 0; half /= 2) {
+    if (t < half) merge_sums(block[t], block[t + half]);
+    __syncthreads();
+  }
+  if (t == 0) partials[blockIdx.x] = block[0];
+}
+
+__global__ void __launch_bounds__(kThreads) compare_kernel(CompareArgs a) {
   CompareSums s;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
@@ -147,13 +168,7 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(CompareArgs a) {
     accumulate(a, s, i, load_wide(a.sharded, a.sharded_dtype, i),
                load_wide(a.single, a.single_dtype, i), eq);
   }
-  block[threadIdx.x] = s;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) merge_sums(block[threadIdx.x], block[threadIdx.x + half]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) a.partials[blockIdx.x] = block[0];
+  reduce_block(s, a.partials);
 }
 
 // ---- f32 against f32: the common case, at memory bandwidth ---------------------------
@@ -279,8 +294,6 @@ __device__ CompareSums to_sums(const F32State& f) {
 // k = thread, thread + stride, ... (elements 4k..4k+3).
 template <bool kTruth, bool kNoise>
 __global__ void __launch_bounds__(kThreads) compare_f32_kernel(CompareArgs a) {
-  __shared__ alignas(CompareSums) unsigned char storage[sizeof(CompareSums) * kThreads];
-  CompareSums* block = reinterpret_cast<CompareSums*>(storage);
   F32State s;
   const float4* xs = static_cast<const float4*>(a.sharded);
   const float4* ys = static_cast<const float4*>(a.single);
@@ -316,13 +329,7 @@ __global__ void __launch_bounds__(kThreads) compare_f32_kernel(CompareArgs a) {
                                      kNoise ? a.noise[i] : 0.0);
     }
   }
-  block[threadIdx.x] = to_sums(s);
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) merge_sums(block[threadIdx.x], block[threadIdx.x + half]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) a.partials[blockIdx.x] = block[0];
+  reduce_block(to_sums(s), a.partials);
 }
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -358,25 +365,30 @@ CompareSums compare_on_device(const Tensor& sharded, const Tensor& single, const
   const bool f32 = a.sharded_dtype == DType::kF32 && a.single_dtype == DType::kF32 &&
                    aligned16(a.sharded) && aligned16(a.single) && aligned16(a.truth) &&
                    aligned16(a.noise);
+  void (*kernel)(CompareArgs) = compare_kernel;
+  if (f32 && a.truth != nullptr && a.noise != nullptr) {
+    kernel = compare_f32_kernel<true, true>;
+  } else if (f32 && a.truth != nullptr) {
+    kernel = compare_f32_kernel<true, false>;
+  } else if (f32 && a.noise != nullptr) {
+    kernel = compare_f32_kernel<false, true>;
+  } else if (f32) {
+    kernel = compare_f32_kernel<false, false>;
+  }
+  // One wave: as many blocks as fit on the GPU at once, each looping over its share. More
+  // would leave a second, partial wave with the SMs half idle (the truth kernels use ~100
+  // registers a thread, so 5 blocks of 128 fit an SM, not the 8 an earlier launch assumed).
+  int resident = 0;
+  TPCHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
   const long long per_block = static_cast<long long>(kThreads) * (f32 ? 4 : kUnroll);
   const long long wanted = (a.n + per_block - 1) / per_block;
-  const int blocks = static_cast<int>(std::max(1LL, std::min<long long>(wanted, sms * 8LL)));
+  const int blocks = static_cast<int>(
+      std::max(1LL, std::min<long long>(wanted, static_cast<long long>(sms) * std::max(1, resident))));
 
   DeviceRuntime& rt = install_cuda_runtime();
   std::shared_ptr<std::byte> partials = rt.allocate(sizeof(CompareSums) * blocks);
   a.partials = reinterpret_cast<CompareSums*>(partials.get());
-  cudaStream_t stream = current_stream();
-  if (!f32) {
-    compare_kernel<<<blocks, kThreads, 0, stream>>>(a);
-  } else if (a.truth != nullptr && a.noise != nullptr) {
-    compare_f32_kernel<true, true><<<blocks, kThreads, 0, stream>>>(a);
-  } else if (a.truth != nullptr) {
-    compare_f32_kernel<true, false><<<blocks, kThreads, 0, stream>>>(a);
-  } else if (a.noise != nullptr) {
-    compare_f32_kernel<false, true><<<blocks, kThreads, 0, stream>>>(a);
-  } else {
-    compare_f32_kernel<false, false><<<blocks, kThreads, 0, stream>>>(a);
-  }
+  kernel<<<blocks, kThreads, 0, current_stream()>>>(a);
   TPCHECK_LAUNCH_CHECK();
   std::vector<CompareSums> host(static_cast<std::size_t>(blocks));
   rt.copy(host.data(), Device::kCpu, partials.get(), Device::kCuda, sizeof(CompareSums) * blocks);

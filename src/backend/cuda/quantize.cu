@@ -5,8 +5,9 @@
 // precision, both in one pass over the tensor). The per-tensor FP8 scale is computed on the device from the amax
 // (fp8_scale_kernel, the device twin of fp8_current_scale), so a quantization makes no
 // host round trip: the amax, the scale and scale_inv stay on the GPU, where the cast and
-// cuBLASLt's FP8 GEMM read them. NVFP4's S_enc is computed on the device too
-// (nvfp4_scale_kernel). The per-block formulas are device twins of the CPU's, operation
+// cuBLASLt's FP8 GEMM read them. NVFP4's S_enc is computed on the device too, by
+// the tile kernel (Nvfp4GlobalScale), which follows the amax pass as its programmatic
+// dependent (no kernel and no gap between the two). The per-block formulas are device twins of the CPU's, operation
 // for operation (the products below have no additions, so nvcc's FMA contraction cannot
 // change them; division is IEEE).
 // Speed: every kernel reads 16 bytes per load; the rowwise copies are written by warps
@@ -86,27 +87,33 @@ __device__ __forceinline__ std::uint32_t sat_e2m1(float v) {
   return sign ^ (magnitude > 0x7f800000u ? 0x8u : code);
 }
 
-// The E2M1 magnitude code (0 ... 7) of a value that is not NaN, in the low byte of the
-// result (the bits above are 0x4B4000), in floating-point instructions. With
-// m = min(|t|, 6), the code is
-//   min(rint(2m), rint(m) + 2, rint(m / 2) + 4)
+// The E2M1 magnitude code (0 ... 7) of a value that is not NaN, in floating-point
+// instructions, as the bits of the float 2^23 + code (the floats of [2^23, 2^24) are the
+// integers, one ulp apart, and order like their bits: 0x4B000000 + code). With m = |t|,
+// the code is
+//   min(rint(2m), rint(m) + 2, rint(m / 2) + 4)      for m < 7,
 // with rint rounding to nearest even: on m < 2 the grid is 0.5 apart and the code 2m
 // (first term); on [2, 4) it is 1 apart and the code m + 2 (second); on [4, 6] 2 apart and
 // the code m / 2 + 4 (third). Each term is the smallest on its own range, because rint is
 // monotonic and 2m <= m + 2 exactly when m <= 2, m + 2 <= m / 2 + 4 when m <= 4, and
 // 2m <= m / 2 + 4 when m <= 8/3; and each rounds ties to the even code, because the
-// code is the rounded integer itself (adding an even 2 or 4 keeps parity). Each term is
-// one FFMA adding 1.5 · 2^23 (+ 2, + 4): the exact sum rounded once to an integer, ties
-// to even, and the three sums lie in [2^23, 2^24), where floats order like their bits and
-// the bits minus 0x4B400000 are the integer. 6 → min(12, 8, 7) = 7, inf → 6 → 7.
-// Three FP32-pipe instructions and three mins (ALU) an element, against sat_e2m1's ~15
-// integer instructions.
-__device__ __forceinline__ std::uint32_t e2m1_magnitude_code_no_nan(float t) {
-  const float m = fminf(fabsf(t), 6.0f);
-  const float by_half = fmaf(m, 2.0f, 12582912.0f);        // 1.5·2^23 + rint(2m)
-  const float by_one = m + 12582914.0f;                    // 1.5·2^23 + rint(m) + 2
-  const float by_two = fmaf(m, 0.5f, 12582916.0f);         // 1.5·2^23 + rint(m/2) + 4
-  return __float_as_uint(fminf(fminf(by_half, by_one), by_two));
+// code is the rounded integer itself (adding an even 2 or 4 keeps parity). From 6 up to 7
+// the third term is rint(3 ... 3.5) + 4 = 7, the saturated code, by itself. Each term is
+// one FFMA (or FADD) adding 2^23 (+ 2, + 4): the exact sum rounded once to an integer,
+// ties to even (2^23 is even). The min of the three is a min of their bits (one 3-input
+// integer min, VIMNMX3, on sm_90). From 7 up (inf included) the terms pass 2^23 + 7:
+// kSaturate adds that to the min. Three FP32-pipe instructions and one or two ALU ones an
+// element, against sat_e2m1's ~15 integer instructions; the ALU pipe, half the FP32 rate,
+// is what an NVFP4 quantization runs out of first (Nsight Compute, H200, 2026-12-03).
+template <bool kSaturate>
+__device__ __forceinline__ std::uint32_t e2m1_code_bits(float t) {
+  constexpr float kBase = 8388608.0f;  // 2^23
+  const float m = fabsf(t);            // an operand modifier, not an instruction
+  const std::uint32_t by_half = __float_as_uint(fmaf(m, 2.0f, kBase));
+  const std::uint32_t by_one = __float_as_uint(m + (kBase + 2.0f));
+  const std::uint32_t by_two = __float_as_uint(fmaf(m, 0.5f, kBase + 4.0f));
+  const std::uint32_t code = min(min(by_half, by_one), by_two);
+  return kSaturate ? min(code, __float_as_uint(kBase + 7.0f)) : code;
 }
 
 // prmt.b32 in its default mode: a selector nibble of 8 ... 15 picks byte (nibble & 7) and
@@ -117,14 +124,15 @@ __device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, 
   return r;
 }
 
-// Four values none of which is NaN, cast to E2M1 as sat_e2m1 does, packed a byte each
-// (value 0 in the low byte): the magnitude codes' low bytes gathered, and each value's
-// sign, replicated over a byte from its top byte, masked to 0x8 and merged.
+// Four values none of which is NaN (and, unless kSaturate, each below 7 in magnitude),
+// cast to E2M1 as sat_e2m1 does, packed a byte each (value 0 in the low byte). The codes:
+// b's bits · 256 + a's bits is a in byte 0, b in byte 1, 0 and 0x4B above (2^23's bits
+// times 256 wrap to 0), one IMAD on the FP32 pipe; the two pairs' low halves joined. The
+// signs: each value's top byte replicated from its sign bit (prmt), masked to 0x8, merged.
+template <bool kSaturate>
 __device__ __forceinline__ std::uint32_t e2m1_pack4_no_nan(float a, float b, float c, float d) {
-  const std::uint32_t codes_ab = __byte_perm(e2m1_magnitude_code_no_nan(a),
-                                             e2m1_magnitude_code_no_nan(b), 0x7740);
-  const std::uint32_t codes_cd = __byte_perm(e2m1_magnitude_code_no_nan(c),
-                                             e2m1_magnitude_code_no_nan(d), 0x7740);
+  const std::uint32_t codes_ab = e2m1_code_bits<kSaturate>(b) * 256u + e2m1_code_bits<kSaturate>(a);
+  const std::uint32_t codes_cd = e2m1_code_bits<kSaturate>(d) * 256u + e2m1_code_bits<kSaturate>(c);
   const std::uint32_t signs_ab = prmt(__float_as_uint(a), __float_as_uint(b), 0x00fbu);  // a.3, b.3
   const std::uint32_t signs_cd = prmt(__float_as_uint(c), __float_as_uint(d), 0x00fbu);
   const std::uint32_t codes = __byte_perm(codes_ab, codes_cd, 0x5410);
@@ -137,15 +145,22 @@ __device__ __forceinline__ std::uint32_t e2m1_pack4_no_nan(float a, float b, flo
 // per value when a NaN may be among them.
 enum class CastFormat : int { kE4M3, kE5M2, kE2M1 };
 
-// Four values cast and packed into a word, value 0 in the low byte. `may_hold_nan` matters
-// to E2M1 only (the FP8 conversions handle NaN themselves): the block kernel passes
-// whether the values' block has a NaN amax — warp-uniform in practice, and false for every
-// block of a NaN-free tensor.
+// What cast4 may assume of the values it casts to E2M1 (the FP8 conversions need nothing:
+// they saturate and keep NaN themselves), worst last: kBelow7, none is NaN and each is
+// below 7 in magnitude (no clamp); kNoNan, none is NaN; kAny. The block kernel knows it
+// per block, from the block's amax times its factor (BlockScale::range): kBelow7 for
+// every block of a finite tensor whose E4M3 block scale is normal.
+enum class CastRange : int { kBelow7, kNoNan, kAny };
+__device__ __forceinline__ CastRange worst(CastRange a, CastRange b) { return a > b ? a : b; }
+
+// Four values cast and packed into a word, value 0 in the low byte. `range` matters to
+// E2M1 only; it is warp-uniform in practice.
 template <CastFormat F>
 __device__ __forceinline__ std::uint32_t cast4(float a, float b, float c, float d,
-                                               bool may_hold_nan) {
+                                               CastRange range) {
   if constexpr (F == CastFormat::kE2M1) {
-    if (!may_hold_nan) return e2m1_pack4_no_nan(a, b, c, d);
+    if (range == CastRange::kBelow7) return e2m1_pack4_no_nan<false>(a, b, c, d);
+    if (range == CastRange::kNoNan) return e2m1_pack4_no_nan<true>(a, b, c, d);
     const std::uint32_t ab = __byte_perm(sat_e2m1(a), sat_e2m1(b), 0x7740);  // a, b, 0, 0
     const std::uint32_t cd = __byte_perm(sat_e2m1(c), sat_e2m1(d), 0x7740);
     return __byte_perm(ab, cd, 0x5410);
@@ -179,14 +194,14 @@ __device__ __forceinline__ std::uint32_t cast4(float a, float b, float c, float 
   }
 }
 
-// The words of N values (a multiple of 4) times `factor`, cast (may_hold_nan: cast4).
+// The words of N values (a multiple of 4) times `factor`, cast (range: cast4).
 template <CastFormat F, int N>
-__device__ __forceinline__ void cast_words(const float (&v)[N], float factor, bool may_hold_nan,
+__device__ __forceinline__ void cast_words(const float (&v)[N], float factor, CastRange range,
                                            std::uint32_t (&words)[N / 4]) {
 #pragma unroll
   for (int w = 0; w < N / 4; ++w) {
     words[w] = cast4<F>(v[4 * w] * factor, v[4 * w + 1] * factor, v[4 * w + 2] * factor,
-                        v[4 * w + 3] * factor, may_hold_nan);
+                        v[4 * w + 3] * factor, range);
   }
 }
 
@@ -207,9 +222,9 @@ __device__ __forceinline__ void store_words(std::uint8_t* dst, const std::uint32
 // REQUIRES: dst aligned to N bytes.
 template <CastFormat F, int N>
 __device__ __forceinline__ void cast_store(std::uint8_t* dst, const float (&v)[N], float factor,
-                                           bool may_hold_nan) {
+                                           CastRange range) {
   std::uint32_t words[N / 4];
-  cast_words<F>(v, factor, may_hold_nan, words);
+  cast_words<F>(v, factor, range, words);
   store_words(dst, words);
 }
 
@@ -380,9 +395,31 @@ __device__ __forceinline__ void load2_widened(const T* p, float (&v)[2]) {
 // then a block reduction, one atomic per block (max is exact in any order).
 // REQUIRES: x 16-byte aligned.
 constexpr int kAmaxThreads = 256;
+
+// Programmatic dependent launch (sm_90): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization after one that calls
+// allow_dependent_launch() may start its blocks while that one's last blocks still run;
+// it must call wait_for_prerequisite_grid() before it reads anything the other writes
+// (the wait returns once that grid has finished and its writes are visible). Without the
+// attribute both are no-ops. NVFP4's tile kernel uses it to start copying its tiles while
+// the amax pass ends.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <typename T>
 __global__ void amax_kernel(const T* x, long long n, unsigned* out) {
   constexpr int V = kVec<T>;
+  // The whole grid is resident at once (gpu_amax_bits sizes it so), so a dependent
+  // kernel's blocks can only take the SMs that this grid's finished blocks leave.
+  allow_dependent_launch();
   unsigned local = 0;
   const long long vectors = n / V;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -442,16 +479,24 @@ __global__ void fp8_scale_kernel(const unsigned* amax_bits, bool has_given_amax,
   *scale_inv = __fdiv_rn(1.0f, s);
 }
 
-// NVFP4's global encode scale S_enc on the device (one thread), the twin of the CPU's
+// NVFP4's global encode scale S_enc, the device twin of the CPU's
 // nvfp4_global_encode_scale: min(448 · 6 / amax, FLT_MAX) (fminf: a NaN amax gives
-// FLT_MAX), 1 when amax is 0 or the quotient is 0 (amax inf). From amax_kernel's bits, or
-// `given_amax` (a group-reduced amax) when has_given_amax.
-__global__ void nvfp4_scale_kernel(const unsigned* amax_bits, bool has_given_amax,
-                                   float given_amax, float* s_enc) {
-  const float amax = has_given_amax ? given_amax : __uint_as_float(*amax_bits);
-  const float s = fminf(__fdiv_rn(448.0f * 6.0f, amax), FLT_MAX);
-  *s_enc = amax == 0.0f || s == 0.0f ? 1.0f : s;
-}
+// FLT_MAX), 1 when amax is 0 or the quotient is 0 (amax inf). Computed by every block of
+// the tile kernel from amax_kernel's bits, or from `given_amax` (a group-reduced amax)
+// when has_given_amax; block 0 stores it in `s_enc` (QuantizedData::scale). A kernel of
+// its own for this one division cost a launch between the amax pass and the tiles.
+struct Nvfp4GlobalScale {
+  const unsigned* amax_bits = nullptr;
+  bool has_given_amax = false;
+  float given_amax = 0.0f;
+  float* s_enc = nullptr;
+
+  __device__ __forceinline__ float encode_scale() const {
+    const float amax = has_given_amax ? given_amax : __uint_as_float(*amax_bits);
+    const float s = fminf(__fdiv_rn(448.0f * 6.0f, amax), FLT_MAX);
+    return amax == 0.0f || s == 0.0f ? 1.0f : s;
+  }
+};
 
 // Where a block of a tiled kernel (per_tensor_kernel, block_tile_kernel) works: the grid
 // is one-dimensional, one block per tile of 128 x 128 (up to 2³¹ − 1 tiles), and walks
@@ -526,7 +571,7 @@ __global__ void __launch_bounds__(kCastThreads)
       float v[V];
       load_vec(x + r * cols + c, v);
       std::uint32_t words[V / 4];
-      cast_words<F>(v, scale, /*may_hold_nan=*/true, words);  // FP8: no E2M1 here
+      cast_words<F>(v, scale, CastRange::kAny, words);  // FP8: no E2M1 here
       if (row_out) store_words(row_out + r * cols + c, words);
 #pragma unroll
       for (int w = 0; w < V / 4; ++w) {  // a word at a time: tile rows are 4-byte aligned
@@ -573,7 +618,7 @@ struct BlockScale {
   using ScaleInv = std::conditional_t<R == BlockRecipe::kFp8Block, float, std::uint8_t>;
   float factor;
   ScaleInv scale_inv;
-  bool has_nan;  // the block's amax is NaN: one of its elements is (cast4's may_hold_nan)
+  CastRange range;  // what cast4 may assume of the block's values times `factor`
   __device__ __forceinline__ void write_scale_inv(void* scale_invs, long long index) const {
     static_cast<ScaleInv*>(scale_invs)[index] = scale_inv;
   }
@@ -598,14 +643,22 @@ struct BlockScaler {
   __device__ __forceinline__ BlockScale<R> of(float amax) const {
     if constexpr (R == BlockRecipe::kFp8Block) {
       const float factor = fp8_block_scale_dev(amax);
-      return {factor, power_of_two_reciprocal(factor), isnan(amax)};
+      return {factor, power_of_two_reciprocal(factor), CastRange::kAny};  // FP8: unused
     } else if constexpr (R == BlockRecipe::kMxfp8) {
       const std::uint32_t e = e8m0_round_up_dev(amax * (1.0f / 448.0f));
-      return {e8m0_reciprocal_dev(e), static_cast<std::uint8_t>(e), isnan(amax)};
+      return {e8m0_reciprocal_dev(e), static_cast<std::uint8_t>(e), CastRange::kAny};
     } else {
       const float decode = amax * s_enc_over_6;
       const std::uint8_t sb = sat_fp8(fminf(decode, FLT_MAX), false);
-      return {nvfp4_factor_table[sb & (kNvfp4Factors - 1)], sb, isnan(amax)};
+      const float factor = nvfp4_factor_table[sb & (kNvfp4Factors - 1)];
+      // Every |v| <= amax, and rounding is monotonic: fl(|v| · factor) <= fl(amax · factor).
+      // Below 7 unless sb is subnormal or 0 (or saturated by a given amax below the
+      // block's), or amax is inf; a NaN amax (an element is NaN) compares false.
+      const float largest = amax * factor;
+      const CastRange range = largest < 7.0f   ? CastRange::kBelow7
+                              : isnan(largest) ? CastRange::kAny
+                                               : CastRange::kNoNan;
+      return {factor, sb, range};
     }
   }
 };
@@ -747,7 +800,7 @@ constexpr int kBlockMinBlocksPerSm = sizeof(T) == 4 || kSoftwareFp8Cast
 template <typename T, BlockRecipe R, int BC, bool kTwoD>
 __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
     block_tile_kernel(const T* __restrict__ x, long long rows, long long cols,
-                      long long col_tiles, const float* s_enc, std::uint8_t* row_data,
+                      long long col_tiles, Nvfp4GlobalScale nvfp4, std::uint8_t* row_data,
                       void* row_scale_inv, std::uint8_t* col_data, void* col_scale_inv,
                       unsigned* amax_bits) {
   constexpr int V = kVec<T>;
@@ -801,7 +854,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
   const long long c = c0 + cc;
   const bool in_cols = cc < tile_cols;  // cols is a multiple of 16: a load is in or out
   __shared__ float nvfp4_factor_table[R == BlockRecipe::kNvfp4 ? kNvfp4Factors : 1];
-  const BlockScaler<R> scaler(R == BlockRecipe::kNvfp4 ? *s_enc : 0.0f, nvfp4_factor_table);
 
   using Keys = MagnitudeKeys<T>;
   // The largest key of each of the thread's V columns over its chunk, in the words of its
@@ -825,12 +877,19 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
     copy_async_16(tile + (chunk_row + p) * kBlockTile + cc, inside ? x + chunk_start + p * cols : x,
                   inside);
   }
+  // NVFP4 runs after its amax pass, launched as its dependent: the copies above read only
+  // x, and may start before the pass ends; S_enc needs its result.
+  float s_enc = 0.0f;
   if constexpr (R == BlockRecipe::kNvfp4) {  // while the copies fly
+    wait_for_prerequisite_grid();
+    s_enc = nvfp4.encode_scale();
+    if (blockIdx.x == 0 && tid == 0) *nvfp4.s_enc = s_enc;
     if (tid < kNvfp4Factors) {
-      nvfp4_factor_table[tid] = BlockScaler<R>::nvfp4_factor(tid, __fdiv_rn(1.0f, *s_enc));
+      nvfp4_factor_table[tid] = BlockScaler<R>::nvfp4_factor(tid, __fdiv_rn(1.0f, s_enc));
     }
     __syncthreads();
   }
+  const BlockScaler<R> scaler(s_enc, nvfp4_factor_table);
   copy_async_wait_all();
 #pragma unroll 2
   for (int p = 0; p < kChunk; ++p) {  // the row in the chunk
@@ -858,7 +917,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
           }
           float v[V];
           widen_vec<T>(raw, v);
-          cast_store<kBlockFormat<R>>(row_data + chunk_start + p * cols, v, s.factor, s.has_nan);
+          cast_store<kBlockFormat<R>>(row_data + chunk_start + p * cols, v, s.factor, s.range);
         }
       }
     }
@@ -897,7 +956,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
         const int rr = group * kChunk + p;
         float v[V];
         widen_vec<T>(*reinterpret_cast<const uint4*>(tile + rr * kBlockTile + cc), v);
-        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor, false);
+        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor, CastRange::kAny);  // FP8
       }
     }
     if (col_data == nullptr) return;
@@ -926,7 +985,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
   const auto [tc, segment] = transposed_slice(tid);
   const bool segment_inside = tc < tile_cols && 16 * segment < tile_rows;  // whole segments
   float factor[4];
-  bool any_nan = false;  // in the four columns' blocks: cast4's slow E2M1 path for all four
+  // The four columns' blocks' worst: cast4's path (E2M1 only; the FP8 casts ignore it).
+  CastRange range = R == BlockRecipe::kNvfp4 ? CastRange::kBelow7 : CastRange::kAny;
   if constexpr (kTwoD) {
     factor[0] = factor[1] = factor[2] = factor[3] = tile_factor;
   } else if constexpr (kColumnPartials) {
@@ -956,7 +1016,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
     for (int k = 0; k < 4; ++k) {
       const BlockScale<R> s = scaler.of(amax_of_bits(Keys::amax_bits_of(Keys::key_of(acc, k))));
       factor[k] = s.factor;
-      any_nan = any_nan || s.has_nan;
+      range = worst(range, s.range);
       if (writes_scales) col_scale_run[tc + k][16 * segment / BC] = s.scale_inv;
     }
   }
@@ -996,7 +1056,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
       for (int k = 0; k < 2; ++k) {
         const float f = factor[2 * pair + k];
         words[k][g] = cast4<kBlockFormat<R>>(v[0][k] * f, v[1][k] * f, v[2][k] * f, v[3][k] * f,
-                                             any_nan);
+                                             range);
       }
     }
 #pragma unroll
@@ -1031,9 +1091,12 @@ __global__ void decode_kernel(const std::uint8_t* data, long long rows, long lon
 }
 
 // cast_satfinite_on_gpu's kernel: four elements a thread, through cast4 as the
-// quantization kernels call it. E2M1 goes through both of its paths: the values that are
-// not NaN through the FP32 one (NaNs replaced by 0 there), then each NaN through
-// sat_e2m1 — so a test over every f32 pattern checks each path on every value it takes.
+// quantization kernels call it. E2M1 goes through each of its paths on every value that
+// path takes: the values that are not NaN through the saturating FP32 one (NaNs replaced by
+// 0 there), each NaN through sat_e2m1, and the values below 7 in magnitude through the
+// unclamped FP32 one too (the others replaced by 0), which must give the same bytes — a
+// byte where it does not is written as 0xFF, no E2M1 pattern. So a test over every f32
+// pattern checks each path on every value it takes.
 template <CastFormat F>
 __global__ void cast_satfinite_kernel(const float* x, long long n, std::uint8_t* out) {
   const long long groups = (n + 3) / 4;
@@ -1043,13 +1106,19 @@ __global__ void cast_satfinite_kernel(const float* x, long long n, std::uint8_t*
     for (int k = 0; k < 4; ++k) v[k] = 4 * g + k < n ? x[4 * g + k] : 0.0f;
     std::uint32_t word;
     if constexpr (F == CastFormat::kE2M1) {
+      const auto below7 = [](float x) { return fabsf(x) < 7.0f; };  // false for NaN
       word = cast4<F>(isnan(v[0]) ? 0.0f : v[0], isnan(v[1]) ? 0.0f : v[1],
-                      isnan(v[2]) ? 0.0f : v[2], isnan(v[3]) ? 0.0f : v[3], false);
+                      isnan(v[2]) ? 0.0f : v[2], isnan(v[3]) ? 0.0f : v[3], CastRange::kNoNan);
+      const std::uint32_t unclamped =
+          cast4<F>(below7(v[0]) ? v[0] : 0.0f, below7(v[1]) ? v[1] : 0.0f,
+                   below7(v[2]) ? v[2] : 0.0f, below7(v[3]) ? v[3] : 0.0f, CastRange::kBelow7);
       for (int k = 0; k < 4; ++k) {
-        if (isnan(v[k])) word = (word & ~(0xffu << (8 * k))) | (sat_e2m1(v[k]) << (8 * k));
+        const std::uint32_t byte = 0xffu << (8 * k);
+        if (isnan(v[k])) word = (word & ~byte) | (sat_e2m1(v[k]) << (8 * k));
+        if (below7(v[k]) && (word & byte) != (unclamped & byte)) word |= byte;
       }
     } else {
-      word = cast4<F>(v[0], v[1], v[2], v[3], true);
+      word = cast4<F>(v[0], v[1], v[2], v[3], CastRange::kAny);
     }
     for (int k = 0; k < 4; ++k) {
       if (4 * g + k < n) out[4 * g + k] = static_cast<std::uint8_t>(word >> (8 * k));
@@ -1060,15 +1129,23 @@ __global__ void cast_satfinite_kernel(const float* x, long long n, std::uint8_t*
 // The amax of x as f32 bits in a device word (amax_kernel), no host round trip.
 // REQUIRES: x 16-byte aligned.
 Tensor gpu_amax_bits(const Tensor& x) {
-  Tensor bits({1}, DType::kF32, Device::kCuda);  // read as unsigned by the kernels
-  TPCHECK_CUDA_CHECK(cudaMemsetAsync(bits.raw(), 0, sizeof(unsigned), current_stream()));
+  // Zero-filled on the current stream (the constructor), read as unsigned by the kernels.
+  Tensor bits({1}, DType::kF32, Device::kCuda);
   const long long n = x.numel();
   if (n == 0) return bits;
   auto* out = static_cast<unsigned*>(bits.raw());
-  // Enough blocks to fill the GPU (8 per SM of an H200's 132) and keep the atomics few.
+  // As many blocks as the GPU holds at once (8 of 256 threads per SM), no more: one wave,
+  // few atomics, and a dependent kernel (NVFP4's tiles) waits on no unscheduled block.
+  int device = 0, sms = 0;
+  TPCHECK_CUDA_CHECK(cudaGetDevice(&device));
+  TPCHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const auto launch = [&](auto* typed) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(typed)>>;
-    const unsigned blocks = std::min(grid_for(n / kVec<T> + 1, kAmaxThreads), 132u * 8u);
+    int resident = 0;
+    TPCHECK_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, amax_kernel<T>, kAmaxThreads, 0));
+    const unsigned blocks = std::min(grid_for(n / kVec<T> + 1, kAmaxThreads),
+                                     static_cast<unsigned>(sms * std::max(1, resident)));
     amax_kernel<T><<<blocks, kAmaxThreads, 0, current_stream()>>>(typed, n, out);
   };
   switch (x.dtype()) {
@@ -1083,10 +1160,12 @@ Tensor gpu_amax_bits(const Tensor& x) {
 Tensor scalar(float v) { return Tensor::from_f32(std::span<const float>(&v, 1), {1}, DType::kF32); }
 
 // Both copies of a block recipe's quantization in one pass over x (block_tile_kernel).
-// amax_bits: where the kernel max-reduces the tensor's amax (f32 bits), or null.
+// amax_bits: where the kernel max-reduces the tensor's amax (f32 bits), or null. NVFP4
+// (nvfp4.amax_bits set) follows its amax pass, the kernel just before it in the stream,
+// as its programmatic dependent: the tiles' copies start while the pass's last blocks run.
 template <BlockRecipe R, int BC, bool kTwoD, typename T>
-void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, const float* s_enc,
-                        QuantizedData& q, unsigned* amax_bits) {
+void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols,
+                        Nvfp4GlobalScale nvfp4, QuantizedData& q, unsigned* amax_bits) {
   auto kernel = block_tile_kernel<T, R, BC, kTwoD>;
   // The f32 tile is 64 KB: above the 48 KB a kernel gets without asking.
   TPCHECK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1099,29 +1178,40 @@ void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols, const 
                       rows, cols, row_tiles, col_tiles);
   auto* row_data = static_cast<std::uint8_t*>(q.rowwise_data.defined() ? q.rowwise_data.raw() : nullptr);
   auto* col_data = static_cast<std::uint8_t*>(q.columnwise_data.defined() ? q.columnwise_data.raw() : nullptr);
-  kernel<<<static_cast<unsigned>(row_tiles * col_tiles), kBlockThreads, kBlockTileBytes<T>,
-           current_stream()>>>(
-      x, rows, cols, col_tiles, s_enc, row_data,
-      q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv.raw() : nullptr, col_data,
-      q.columnwise_scale_inv.defined() ? q.columnwise_scale_inv.raw() : nullptr, amax_bits);
-  TPCHECK_LAUNCH_CHECK();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(row_tiles * col_tiles));
+  config.blockDim = dim3(kBlockThreads);
+  config.dynamicSmemBytes = kBlockTileBytes<T>;
+  config.stream = current_stream();
+  cudaLaunchAttribute after_amax_pass{};
+  after_amax_pass.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  after_amax_pass.val.programmaticStreamSerializationAllowed = 1;
+  if (nvfp4.amax_bits != nullptr) {
+    config.attrs = &after_amax_pass;
+    config.numAttrs = 1;
+  }
+  TPCHECK_CUDA_CHECK(cudaLaunchKernelEx(
+      &config, kernel, x, static_cast<long long>(rows), static_cast<long long>(cols), col_tiles,
+      nvfp4, row_data, q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv.raw() : nullptr,
+      col_data, q.columnwise_scale_inv.defined() ? q.columnwise_scale_inv.raw() : nullptr,
+      amax_bits));
 }
 
 template <BlockRecipe R, int BC, bool kTwoD>
-void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols, const float* s_enc,
-                        QuantizedData& q, unsigned* amax_bits) {
+void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols,
+                        Nvfp4GlobalScale nvfp4, QuantizedData& q, unsigned* amax_bits) {
   switch (x.dtype()) {
     case DType::kF32:
-      launch_block_tiles<R, BC, kTwoD>(static_cast<const float*>(x.raw()), rows, cols, s_enc, q,
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const float*>(x.raw()), rows, cols, nvfp4, q,
                                        amax_bits);
       break;
     case DType::kF16:
-      launch_block_tiles<R, BC, kTwoD>(static_cast<const __half*>(x.raw()), rows, cols, s_enc, q,
+      launch_block_tiles<R, BC, kTwoD>(static_cast<const __half*>(x.raw()), rows, cols, nvfp4, q,
                                        amax_bits);
       break;
     default:
       launch_block_tiles<R, BC, kTwoD>(static_cast<const __nv_bfloat16*>(x.raw()), rows, cols,
-                                       s_enc, q, amax_bits);
+                                       nvfp4, q, amax_bits);
       break;
   }
 }
@@ -1210,19 +1300,10 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
 
   // The block recipes. Their blocks carry their own scales; the tensor's amax is kept
   // (FP8 block scaling and MXFP8: max-reduced by the block kernel as it reads the tiles;
-  // NVFP4 needs it before the first cast, for its global scale: a pass of its own, the
-  // scale computed on the device).
-  const bool amax_first = o.recipe == Recipe::kNvfp4;
-  Tensor amax_bits;  // the f32 bits of max |x|
-  if (amax_first) {
-    amax_bits = gpu_amax_bits(aligned);
-  } else {
-    amax_bits = Tensor({1}, DType::kF32, Device::kCuda);
-    TPCHECK_CUDA_CHECK(cudaMemsetAsync(amax_bits.raw(), 0, sizeof(unsigned), current_stream()));
-  }
-  unsigned* fused_amax = amax_first ? nullptr : static_cast<unsigned*>(amax_bits.raw());
-  q->amax = amax_bits;
-  q->global_amax = o.amax ? scalar(*o.amax) : amax_bits;
+  // NVFP4 needs it before the first cast, for its global scale: a pass of its own, S_enc
+  // computed on the device by the tile kernel). The outputs are allocated first, so that
+  // nothing the allocator may queue (a wait for another stream's event) comes between
+  // NVFP4's amax pass and its tile kernel, which runs as that pass's dependent.
   const std::int64_t br = q->block[0], bc = q->block[1];
   // Each copy in its own layout: [rows/br, cols/bc] rowwise, [cols/br, rows/bc] columnwise.
   const DType scale_dtype = o.recipe == Recipe::kFp8Block ? DType::kF32
@@ -1237,28 +1318,36 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
     q->columnwise_scale_inv = Tensor::empty({cols / br, rows / bc}, scale_dtype, Device::kCuda);
   }
   if (rows * cols == 0) {
+    q->amax = Tensor({1}, DType::kF32, Device::kCuda);  // zero-filled: the amax of nothing
+    q->global_amax = o.amax ? scalar(*o.amax) : q->amax;
     if (o.recipe == Recipe::kNvfp4) q->scale = scalar(nvfp4_global_encode_scale(o.amax.value_or(0.0f)));
     return q;
   }
+  if (o.recipe == Recipe::kNvfp4) q->scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
+  // The f32 bits of max |x|: NVFP4's amax pass, or zeros (the constructor's fill) that
+  // the other recipes' tile kernels max-reduce into.
+  q->amax = o.recipe == Recipe::kNvfp4 ? gpu_amax_bits(aligned) : Tensor({1}, DType::kF32, Device::kCuda);
+  q->global_amax = o.amax ? scalar(*o.amax) : q->amax;
+  unsigned* fused_amax = o.recipe == Recipe::kNvfp4 ? nullptr : static_cast<unsigned*>(q->amax.raw());
   switch (o.recipe) {
     case Recipe::kFp8Block:
       if (br == 1) {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, nullptr, *q, fused_amax);
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, {}, *q, fused_amax);
       } else {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, nullptr, *q, fused_amax);
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, {}, *q, fused_amax);
       }
       break;
     case Recipe::kMxfp8:
-      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, nullptr, *q, fused_amax);
+      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, {}, *q, fused_amax);
       break;
     default: {  // kNvfp4 (check_quantizable rejected kNone)
       // S_enc on the device, from the amax pass or the given amax: no host round trip.
-      q->scale = Tensor({1}, DType::kF32, Device::kCuda);
-      auto* s_enc = static_cast<float*>(q->scale.raw());
-      nvfp4_scale_kernel<<<1, 1, 0, current_stream()>>>(static_cast<const unsigned*>(amax_bits.raw()),
-                                                       o.amax.has_value(), o.amax.value_or(0.0f), s_enc);
-      TPCHECK_LAUNCH_CHECK();
-      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, s_enc, *q, nullptr);
+      Nvfp4GlobalScale nvfp4;
+      nvfp4.amax_bits = static_cast<const unsigned*>(q->amax.raw());
+      nvfp4.has_given_amax = o.amax.has_value();
+      nvfp4.given_amax = o.amax.value_or(0.0f);
+      nvfp4.s_enc = static_cast<float*>(q->scale.raw());
+      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, nvfp4, *q, nullptr);
       break;
     }
   }
