@@ -377,13 +377,13 @@ CompareSums compare_on_device(const Tensor& sharded, const Tensor& single, const
   }
   // One wave: as many blocks as fit on the GPU at once, each looping over its share. More
   // would leave a second, partial wave with the SMs half idle (the truth kernels use ~100
-  // registers a thread, so 5 blocks of 128 fit an SM, not the 8 an earlier launch assumed).
+  // registers a thread, so 4 blocks of 128 fit an SM, not the 8 an earlier launch assumed).
   int resident = 0;
   TPCHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
   const long long per_block = static_cast<long long>(kThreads) * (f32 ? 4 : kUnroll);
   const long long wanted = (a.n + per_block - 1) / per_block;
-  const int blocks = static_cast<int>(
-      std::max(1LL, std::min<long long>(wanted, static_cast<long long>(sms) * std::max(1, resident))));
+  const long long fit = static_cast<long long>(sms) * std::max(1, resident);
+  const int blocks = static_cast<int>(std::max(1LL, std::min(wanted, fit)));
 
   DeviceRuntime& rt = install_cuda_runtime();
   std::shared_ptr<std::byte> partials = rt.allocate(sizeof(CompareSums) * blocks);

@@ -2,14 +2,14 @@
 // bit for bit the CPU's (src/quant, docs/QUANTIZATION.md): an amax kernel, the per-tensor
 // FP8 cast (delayed and current scaling) writing the rowwise copy and its transpose, and a
 // tiled block kernel for FP8 block scaling, MXFP8 and NVFP4 (each copy from high
-// precision, both in one pass over the tensor). The per-tensor FP8 scale is computed on the device from the amax
-// (fp8_scale_kernel, the device twin of fp8_current_scale), so a quantization makes no
-// host round trip: the amax, the scale and scale_inv stay on the GPU, where the cast and
-// cuBLASLt's FP8 GEMM read them. NVFP4's S_enc is computed on the device too, by
-// the tile kernel (Nvfp4GlobalScale), which follows the amax pass as its programmatic
-// dependent (no kernel and no gap between the two). The per-block formulas are device twins of the CPU's, operation
-// for operation (the products below have no additions, so nvcc's FMA contraction cannot
-// change them; division is IEEE).
+// precision, both in one pass over the tensor). The per-tensor FP8 scale is computed on the
+// device from the amax (Fp8TensorScale, the device twin of fp8_current_scale), so a
+// quantization makes no host round trip: the amax, the scale and scale_inv stay on the
+// GPU, where the cast and cuBLASLt's FP8 GEMM read them; NVFP4's S_enc likewise
+// (Nvfp4GlobalScale). Both are computed by the kernel that casts, which follows the amax
+// pass as its programmatic dependent: no kernel and no gap between the two. The per-block
+// formulas are device twins of the CPU's, operation for operation (the products below
+// have no additions, so nvcc's FMA contraction cannot change them; division is IEEE).
 // Speed: every kernel reads 16 bytes per load; the rowwise copies are written by warps
 // storing whole consecutive rows, the transposed ones in 16-byte pieces, each lane four
 // columns at once and each warp whole 32-byte sectors; FP8 casts go two values an
@@ -19,13 +19,13 @@
 // thread walking a block; the tiled kernels walk the tensor from its end, where the L2
 // still holds what the pass before read last (tile_from_the_end); outputs are allocated
 // without a zero fill (Tensor::empty).
-// bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-02T21:20Z,
-// bf16 8192², both copies: FP8 block scaling 72 %, MXFP8 72 %, per-tensor FP8 54 % — 80 %
-// counting its amax pass —, NVFP4 43 % — 65 % with its amax pass); each warp store of a
+// bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-03T01:13Z,
+// bf16 8192², both copies: FP8 block scaling 72 %, MXFP8 73 %, per-tensor FP8 55 % — 82 %
+// counting its amax pass —, NVFP4 49 % — 73 % with its amax pass); each warp store of a
 // transposed copy writes whole 32-byte sectors (TransposedSlice: half sectors ran at two
 // thirds of the speed in bench/transpose_cast_bench.cu); E2M1, which has no hardware cast
-// before sm_100, is rounded by three FFMAs and two mins (e2m1_magnitude_code_no_nan)
-// instead of ~15 integer instructions (NVFP4 0.201 → 0.149 ms).
+// before sm_100, is rounded by three FFMAs and a 3-input integer min (e2m1_code_bits)
+// instead of ~15 integer instructions (NVFP4 0.201 → 0.129 ms).
 // Thread safety: kernels run on the calling thread's stream (current_stream()).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -414,6 +414,15 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
+// The launch attribute that makes a kernel the programmatic dependent of the kernel before
+// it in the stream.
+cudaLaunchAttribute programmatic_dependent_launch() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
 template <typename T>
 __global__ void amax_kernel(const T* x, long long n, unsigned* out) {
   constexpr int V = kVec<T>;
@@ -454,30 +463,48 @@ __global__ void amax_kernel(const T* x, long long n, unsigned* out) {
   }
 }
 
-// The per-tensor FP8 scale, on the device (one thread): the device twin of the CPU's
-// fp8_current_scale and scale_reciprocal (src/quant/fp8_current.cpp), operation for
-// operation. `amax_bits` is amax_kernel's result; `given_amax` (a group-reduced amax) is
-// used instead when has_given_amax; delayed scaling passes its scale (has_fixed_scale).
-// Writes the tensor's own amax, the amax the scale came from, the scale and scale_inv.
-__global__ void fp8_scale_kernel(const unsigned* amax_bits, bool has_given_amax, float given_amax,
-                                 bool has_fixed_scale, float fixed_scale, float fmax,
-                                 float* own_amax, float* global_amax, float* scale,
-                                 float* scale_inv) {
-  const float own = __uint_as_float(*amax_bits);
-  const float amax = has_given_amax ? given_amax : own;
-  float s = fixed_scale;
-  if (!has_fixed_scale) {
-    s = 1.0f;
-    if (!(amax == 0.0f || isinf(amax) || isnan(amax))) {
-      s = __fdiv_rn(fmax, amax);
+// The per-tensor FP8 scale on the device, the twin of the CPU's fp8_current_scale and
+// scale_reciprocal (src/quant/fp8_current.cpp), operation for operation. `amax_bits` is
+// amax_kernel's result; `given_amax` (a group-reduced amax) is used instead when
+// has_given_amax; delayed scaling passes its scale (has_fixed_scale). Computed by every
+// block of the cast kernel (per_tensor_kernel); one thread writes the tensor's own amax,
+// the amax the scale came from, the scale and scale_inv. A kernel of its own for this
+// (and a zero fill of each output) cost a launch each between the amax pass and the cast.
+struct Fp8TensorScale {
+  const unsigned* amax_bits = nullptr;
+  bool has_given_amax = false;
+  float given_amax = 0.0f;
+  bool has_fixed_scale = false;
+  float fixed_scale = 1.0f;
+  float fmax = 448.0f;
+  float* own_amax = nullptr;
+  float* global_amax = nullptr;
+  float* scale = nullptr;
+  float* scale_inv = nullptr;
+
+  __device__ __forceinline__ float amax() const {
+    return has_given_amax ? given_amax : __uint_as_float(*amax_bits);
+  }
+  __device__ __forceinline__ float compute_scale() const {
+    if (has_fixed_scale) return fixed_scale;
+    const float a = amax();
+    float s = 1.0f;
+    if (!(a == 0.0f || isinf(a) || isnan(a))) {
+      s = __fdiv_rn(fmax, a);
       if (isinf(s)) s = FLT_MAX;
     }
+    return s;
   }
-  *own_amax = own;
-  *global_amax = amax;
-  *scale = s;
-  *scale_inv = __fdiv_rn(1.0f, s);
-}
+  __device__ __forceinline__ void write(float s) const {
+    *own_amax = __uint_as_float(*amax_bits);
+    *global_amax = amax();
+    *scale = s;
+    *scale_inv = __fdiv_rn(1.0f, s);
+  }
+};
+
+// The outputs of Fp8TensorScale for a tensor with no elements (no cast kernel runs).
+__global__ void fp8_scale_kernel(Fp8TensorScale f) { f.write(f.compute_scale()); }
 
 // NVFP4's global encode scale S_enc, the device twin of the CPU's
 // nvfp4_global_encode_scale: min(448 · 6 / amax, FLT_MAX) (fminf: a NaN amax gives
@@ -552,12 +579,15 @@ constexpr int kCastTile = 128, kCastThreads = 256, kCastPad = 4;
 template <typename T, CastFormat F>
 __global__ void __launch_bounds__(kCastThreads)
     per_tensor_kernel(const T* x, long long rows, long long cols, long long col_tiles,
-                      const float* scale_ptr, std::uint8_t* row_out, std::uint8_t* col_out) {
+                      Fp8TensorScale fp8, std::uint8_t* row_out, std::uint8_t* col_out) {
   constexpr int V = kVec<T>;
   constexpr int kThreadsPerRow = kCastTile / V;
   constexpr int kRowsPerPass = kCastThreads / kThreadsPerRow;
   __shared__ __align__(16) std::uint8_t tile[kCastTile][kCastTile + kCastPad];
-  const float scale = *scale_ptr;
+  // Launched as the amax pass's dependent: its blocks may start before the pass ends.
+  wait_for_prerequisite_grid();
+  const float scale = fp8.compute_scale();
+  if (blockIdx.x == 0 && threadIdx.x == 0) fp8.write(scale);
   const TileOrigin origin = tile_from_the_end(col_tiles, kCastTile);
   const long long r0 = origin.r0, c0 = origin.c0;
   const int tid = threadIdx.x;
@@ -956,7 +986,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinBlocksPerSm<T, R>)
         const int rr = group * kChunk + p;
         float v[V];
         widen_vec<T>(*reinterpret_cast<const uint4*>(tile + rr * kBlockTile + cc), v);
-        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor, CastRange::kAny);  // FP8
+        cast_store<kBlockFormat<R>>(row_data + (r0 + rr) * cols + c, v, tile_factor,
+                                    CastRange::kAny);  // FP8: the range is E2M1's
       }
     }
     if (col_data == nullptr) return;
@@ -1183,9 +1214,7 @@ void launch_block_tiles(const T* x, std::int64_t rows, std::int64_t cols,
   config.blockDim = dim3(kBlockThreads);
   config.dynamicSmemBytes = kBlockTileBytes<T>;
   config.stream = current_stream();
-  cudaLaunchAttribute after_amax_pass{};
-  after_amax_pass.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  after_amax_pass.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute after_amax_pass = programmatic_dependent_launch();
   if (nvfp4.amax_bits != nullptr) {
     config.attrs = &after_amax_pass;
     config.numAttrs = 1;
@@ -1243,21 +1272,15 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   const Tensor aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0 ? x : x.clone();
 
   if (o.recipe == Recipe::kFp8Delayed || o.recipe == Recipe::kFp8Current) {
-    const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
     // Amax, scale and scale_inv stay on the GPU: no host round trip (the delayed-scaling
     // bookkeeping reads the amax when it records it). One scale_inv tensor serves both
-    // copies (they share the scale; nothing writes it after this).
-    q->amax = Tensor({1}, DType::kF32, Device::kCuda);
-    q->global_amax = Tensor({1}, DType::kF32, Device::kCuda);
-    q->scale = Tensor({1}, DType::kF32, Device::kCuda);
-    Tensor scale_inv({1}, DType::kF32, Device::kCuda);
-    const bool delayed = o.recipe == Recipe::kFp8Delayed;
-    fp8_scale_kernel<<<1, 1, 0, current_stream()>>>(
-        static_cast<const unsigned*>(amax_bits.raw()), o.amax.has_value(), o.amax.value_or(0.0f),
-        delayed, o.scale, static_cast<float>(dtype_max_finite(q->format)),
-        static_cast<float*>(q->amax.raw()), static_cast<float*>(q->global_amax.raw()),
-        static_cast<float*>(q->scale.raw()), static_cast<float*>(scale_inv.raw()));
-    TPCHECK_LAUNCH_CHECK();
+    // copies (they share the scale; nothing writes it after this). Every output is
+    // allocated before the amax pass, so that nothing the allocator may queue comes
+    // between the pass and the cast kernel, which runs as its dependent.
+    q->amax = Tensor::empty({1}, DType::kF32, Device::kCuda);
+    q->global_amax = Tensor::empty({1}, DType::kF32, Device::kCuda);
+    q->scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
+    Tensor scale_inv = Tensor::empty({1}, DType::kF32, Device::kCuda);
     if (o.usage.rowwise) {
       q->rowwise_data = Tensor::empty({rows, cols}, q->format, Device::kCuda);
       q->rowwise_scale_inv = scale_inv;
@@ -1266,20 +1289,43 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
       q->columnwise_data = Tensor::empty({cols, rows}, q->format, Device::kCuda);
       q->columnwise_scale_inv = scale_inv;
     }
-    if (rows * cols > 0) {
+    const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
+    Fp8TensorScale fp8;
+    fp8.amax_bits = static_cast<const unsigned*>(amax_bits.raw());
+    fp8.has_given_amax = o.amax.has_value();
+    fp8.given_amax = o.amax.value_or(0.0f);
+    fp8.has_fixed_scale = o.recipe == Recipe::kFp8Delayed;
+    fp8.fixed_scale = o.scale;
+    fp8.fmax = static_cast<float>(dtype_max_finite(q->format));
+    fp8.own_amax = static_cast<float*>(q->amax.raw());
+    fp8.global_amax = static_cast<float*>(q->global_amax.raw());
+    fp8.scale = static_cast<float*>(q->scale.raw());
+    fp8.scale_inv = static_cast<float*>(scale_inv.raw());
+    if (rows * cols == 0) {
+      fp8_scale_kernel<<<1, 1, 0, current_stream()>>>(fp8);
+      TPCHECK_LAUNCH_CHECK();
+    } else {
       const long long row_tiles = (rows + kCastTile - 1) / kCastTile;
       const long long col_tiles = (cols + kCastTile - 1) / kCastTile;
       TPCHECK_CHECK_INPUT(row_tiles * col_tiles <= 0x7fffffffLL,
                           "{} {}: too large for the GPU cast kernel ({} x {} tiles of 128)", what,
                           x.describe(), row_tiles, col_tiles);
       const unsigned grid = static_cast<unsigned>(row_tiles * col_tiles);  // tile_from_the_end
-      const auto* scale_ptr = static_cast<const float*>(q->scale.raw());
       std::uint8_t* row_out = o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr;
       std::uint8_t* col_out = o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr;
+      cudaLaunchAttribute after_amax_pass = programmatic_dependent_launch();
       const auto launch = [&](auto* typed, auto format) {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(typed)>>;
-        per_tensor_kernel<T, decltype(format)::value><<<grid, kCastThreads, 0, current_stream()>>>(
-            typed, rows, cols, col_tiles, scale_ptr, row_out, col_out);
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(grid);
+        config.blockDim = dim3(kCastThreads);
+        config.stream = current_stream();
+        config.attrs = &after_amax_pass;
+        config.numAttrs = 1;
+        auto* kernel = per_tensor_kernel<T, decltype(format)::value>;
+        TPCHECK_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, typed, static_cast<long long>(rows),
+                                              static_cast<long long>(cols), col_tiles, fp8,
+                                              row_out, col_out));
       };
       const auto launch_typed = [&](auto format) {
         switch (x.dtype()) {
@@ -1326,9 +1372,10 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   if (o.recipe == Recipe::kNvfp4) q->scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
   // The f32 bits of max |x|: NVFP4's amax pass, or zeros (the constructor's fill) that
   // the other recipes' tile kernels max-reduce into.
-  q->amax = o.recipe == Recipe::kNvfp4 ? gpu_amax_bits(aligned) : Tensor({1}, DType::kF32, Device::kCuda);
+  const bool amax_pass = o.recipe == Recipe::kNvfp4;
+  q->amax = amax_pass ? gpu_amax_bits(aligned) : Tensor({1}, DType::kF32, Device::kCuda);
   q->global_amax = o.amax ? scalar(*o.amax) : q->amax;
-  unsigned* fused_amax = o.recipe == Recipe::kNvfp4 ? nullptr : static_cast<unsigned*>(q->amax.raw());
+  unsigned* fused_amax = amax_pass ? nullptr : static_cast<unsigned*>(q->amax.raw());
   switch (o.recipe) {
     case Recipe::kFp8Block:
       if (br == 1) {
