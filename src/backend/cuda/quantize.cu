@@ -19,8 +19,8 @@
 // thread walking a block; the tiled kernels walk the tensor from its end, where the L2
 // still holds what the pass before read last (tile_from_the_end); outputs are allocated
 // without a zero fill (Tensor::empty).
-// bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-03T01:13Z,
-// bf16 8192², both copies: FP8 block scaling 72 %, MXFP8 73 %, per-tensor FP8 55 % — 82 %
+// bench/gpu_layer_bench measures them against the copy bandwidth (H200, 2026-12-03T01:38Z,
+// bf16 8192², both copies: FP8 block scaling 72 %, MXFP8 73 %, per-tensor FP8 58 % — 87 %
 // counting its amax pass —, NVFP4 49 % — 73 % with its amax pass); each warp store of a
 // transposed copy writes whole 32-byte sectors (TransposedSlice: half sectors ran at two
 // thirds of the speed in bench/transpose_cast_bench.cu); E2M1, which has no hardware cast
