@@ -401,8 +401,8 @@ constexpr int kAmaxThreads = 256;
 // allow_dependent_launch() may start its blocks while that one's last blocks still run;
 // it must call wait_for_prerequisite_grid() before it reads anything the other writes
 // (the wait returns once that grid has finished and its writes are visible). Without the
-// attribute both are no-ops. NVFP4's tile kernel uses it to start copying its tiles while
-// the amax pass ends.
+// attribute both are no-ops. The per-tensor FP8 cast and NVFP4's tile kernel follow the
+// amax pass so (NVFP4's copying its tiles while the pass ends).
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
