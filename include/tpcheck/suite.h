@@ -143,7 +143,7 @@ struct RunConfig {
   // single only (explain's counterfactuals); judge_case needs the truth run.
   bool skip_truth = false;
   // The quantized recipe of the single and sharded runs' Linear GEMMs (quant.h); truth
-  // never quantizes. CPU backend only so far (check_case refuses others).
+  // never quantizes. Runs on the CPU and the CUDA backend.
   Recipe recipe = Recipe::kNone;
   // Training steps per run (>= 1): forward, backward, then (before the next step) the SGD
   // update and the quantization state's update; compared after every step.

@@ -18,8 +18,10 @@
 //                                                                       kAmaxHistoryNotUpdated
 //   make_parameter_from_rank      (used for kShardOffByOne, kColumnBiasNotSharded,
 //                                 kGatedFc1OneBlock and kQkvOneBlock)
-// kRowBiasBeforeReduce and kResidualBeforeReduce live in Linear's row forward;
-// kGqaWrongGroup and kWindowOffset in MultiheadAttention (attention.cpp).
+// kRowBiasBeforeReduce lives in Linear's row forward (linear.cpp); kResidualBeforeReduce
+// in TransformerLayer (transformer_layer.cpp), written twice: in `combine` (the sequential
+// residual joins) and in `forward`'s parallel attention-MLP branch; kGqaWrongGroup and
+// kWindowOffset in MultiheadAttention (attention.cpp).
 // Thread safety: called by one rank's thread with that rank's context.
 #pragma once
 
