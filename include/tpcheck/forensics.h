@@ -3,8 +3,9 @@
 // Records are matched by (site, occurrence): the n-th "mlp.fc1/fwd" of one run with the
 // n-th of the other (a checkpointed layer runs its forward GEMMs twice). A site whose
 // numerical class differs between the single and the sharded run is the first suspect
-// when their results differ: the story in DESIGN.md is one such site (K = 8 sharded ran
-// a full-FP32 FMA kernel, K = 32 unsharded a TF32 tensor-core kernel).
+// when their results differ: the story in README.md ("Where it came from") is one such
+// site (K = 8 sharded ran a full-FP32 FMA kernel, K = 32 unsharded a TF32 tensor-core
+// kernel).
 // Thread safety: pure functions.
 #pragma once
 

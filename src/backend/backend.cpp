@@ -119,9 +119,10 @@ bool AttentionMask::allows(std::int64_t query, std::int64_t key) const {
 // The class follows the operands A and B (C's dtype is only where the result is
 // stored: an f32 main_grad accumulating an f16 GEMM is still an fp16-class GEMM).
 //
-// kAuto models the story in DESIGN.md: for an fp32 GEMM with TF32 allowed, cuBLASLt's
-// heuristic on an H200 chose an FMA kernel reading full-fp32 inputs for the sharded
-// shape (K = ffn/TP = 8) and a TF32 tensor-core kernel for the unsharded one (K = 32).
+// kAuto models the story in README.md ("Where it came from"): for an fp32 GEMM with
+// TF32 allowed, cuBLASLt's heuristic on an H200 chose an FMA kernel reading full-fp32
+// inputs for the sharded shape (K = ffn/TP = 8) and a TF32 tensor-core kernel for the
+// unsharded one (K = 32).
 // So the same layer computed in two different numerical classes depending only on K.
 // Short reductions do not fill a tensor-core tile, so the library prefers FMA kernels
 // there; `auto_min_k` is the threshold at which we switch, 16 by default (between the

@@ -182,7 +182,8 @@ TEST(Gemm, F32MainGradAccumulatesF16Gemm) {
 }
 
 TEST(Gemm, AutoRulePicksFp32ForShortKAndTf32ForLongK) {
-  // The DESIGN.md story: K = 8 (sharded) ran on FMA kernels, K = 32 on TF32 tensor cores.
+  // The story in README.md, "Where it came from": K = 8 (sharded) ran on FMA kernels,
+  // K = 32 on TF32 tensor cores.
   auto backend = make_cpu_backend();
   backend->set_gemm_rule({GemmClassRule::Mode::kAuto, MathClass::kFp32, 16});
   for (std::int64_t k : {8, 15, 16, 32}) {

@@ -223,8 +223,8 @@ TEST(CublasLtLog, WholeLogLineNumbersAndProblems) {
 }
 
 TEST(CublasLtAlign, ShardedDimensionAndAlgorithms) {
-  // Single: K=32 with algo 21; sharded (TP 4): K=8 with algo 6 (the DESIGN.md story),
-  // then one shape the same in both with the same algorithm.
+  // Single: K=32 with algo 21; sharded (TP 4): K=8 with algo 6 (README.md, "Where it
+  // came from"), then one shape the same in both with the same algorithm.
   std::vector<CublasLtCall> a, b;
   a.push_back(parse_ok(fp32_line(1, 64, 1024, 32, 21, " tile=MATMUL_TILE_64x64")));
   a.push_back(parse_ok(fp32_line(1, 64, 64, 64, 4)));

@@ -82,7 +82,7 @@ TEST(CudaAllocator, ABlockFreedFromAnotherStreamIsNotReusedUnderItsPendingReads)
   // queues a read of it on its own stream and drops it before that read has run, and a
   // concurrent case's rank allocates the same size at once. The new owner's writes must
   // wait for the read (the allocator's event). Without it they overtook it: the garbage
-  // in the emulated recipes' TP 8 gradients (tests/gpu/README.md, 2026-12-02).
+  // in the emulated recipes' TP 8 gradients (tests/gpu/RESULTS.md, 2026-12-02).
   constexpr std::int64_t kOwnCols = 2560;  // 10 MiB (+1 byte) -> a 12 MiB block no other test uses
   constexpr std::size_t kBytes = std::size_t{kRows} * kOwnCols * sizeof(float);
   // The case's thread has its own stream (made first, so the rank's stream, once

@@ -222,7 +222,7 @@ TEST_P(FusedAttention, AsAccurateAsTheUnfusedPath) {
   mask.type = c.mask;
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
   // Held-out seeds: the bound (twice the unfused error + u/4) was set from the error
-  // model, not fitted; tests/gpu/README.md has the figures measured with them.
+  // model, not fitted; tests/gpu/RESULTS.md has the figures measured with them.
   for (DType t : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(std::string(dtype_name(t)));
     const Tensor q = random_host(41, "q", {c.s, c.b, c.h, c.d}, t).to_device(Device::kCuda);

@@ -172,8 +172,9 @@ TEST(CompareTensors, BadInput) {
   EXPECT_THROW(compare_tensors(a, a, &t32), Error);  // truth must be f64
 }
 
-// The DESIGN.md story: a near-zero element with a large relative but small absolute
-// error. The reference rule passes it at the loosened atol 5e-5 and fails it at 1e-5.
+// The story in README.md, "Where it came from": a near-zero element with a large
+// relative but small absolute error. The reference rule passes it at the loosened atol
+// 5e-5 and fails it at 1e-5.
 TEST(TePolicy, NearZeroElementLargeRelSmallAbs) {
   const std::int64_t n = 16, k = 9;
   std::vector<double> b = values(n, 7);

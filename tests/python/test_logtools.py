@@ -49,7 +49,7 @@ def trace_line(pid, m, n, k, algo, extra_algo="", compute="COMPUTE_32F_FAST_TF32
 
 
 def write_logs(tmp_path):
-    """The DESIGN.md story: K=32 unsharded (algo 21) vs K=8 sharded at TP 4 (algo 6)."""
+    """The story in README.md, "Where it came from": K=32 unsharded (algo 21) vs K=8 sharded at TP 4 (algo 6)."""
     single = tmp_path / "single.log"
     sharded = tmp_path / "sharded.log"
     single.write_text("program says hello\n"

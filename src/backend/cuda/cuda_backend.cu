@@ -55,7 +55,7 @@ namespace {
 // ones. A suite makes a backend per rank and run (eight per case at TP 4). Creating a
 // stream takes the driver's context lock for writing: stack samples of the production
 // shapes at TP 8 found half of the busy rank-thread stacks waiting for it in
-// cuStreamCreate and 7 % in cublasLtCreate (tests/gpu/README.md). A pooled stream is
+// cuStreamCreate and 7 % in cublasLtCreate (tests/gpu/RESULTS.md). A pooled stream is
 // synchronized and retired from the allocator exactly as a destroyed one was; only the
 // two objects are kept.
 struct StreamAndHandle {

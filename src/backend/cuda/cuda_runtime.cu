@@ -51,7 +51,7 @@ std::size_t round_size(std::size_t bytes) {
 // the device (cudaStreamWaitEvent, no host wait). Without the event a block went to the
 // idle pool at once and another thread's stream could overwrite it under a pending read:
 // the intermittent garbage in the sharded gradients of the emulated recipes at TP 8
-// (2026-12-02, tests/gpu/README.md).
+// (2026-12-02, tests/gpu/RESULTS.md).
 class CachingAllocator {
  public:
   std::shared_ptr<std::byte> allocate(std::size_t bytes) {
