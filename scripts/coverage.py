@@ -3,11 +3,13 @@
 build and reports line and branch coverage of src/layers/ (the layers and tp_ops.cpp, the
 communication steps) and of the CPU collectives (src/comm/thread_group.cpp, comm.cpp).
 
-    cmake -S . -B build-cov -G Ninja -DTPCHECK_COVERAGE=ON -DTPCHECK_BUILD_BENCH=OFF
-    cmake --build build-cov --target tpcheck_cli
-    scripts/coverage.py --build build-cov [--out coverage.md]
-    scripts/coverage.py --build build-cov --check             # ctest coverage_baseline
-    scripts/coverage.py --build build-cov --update-baseline   # after a deliberate change
+    cmake -S . -B build -G Ninja -DTPCHECK_COVERAGE_PROGRAM=ON   # scripts/test.sh's tree
+    cmake --build build --target tpcheck_coverage
+    scripts/coverage.py --build build [--out coverage.md]
+    scripts/coverage.py --build build --check             # ctest coverage_baseline
+    scripts/coverage.py --build build --update-baseline   # after a deliberate change
+
+(A tree of its own with -DTPCHECK_COVERAGE=ON instruments tpcheck itself the same way.)
 
 After the suite, every mutation runs once over MUTATION_CASES (a few full-suite cases
 that reach every mutation's path), so the mutations' code is measured too — FP8 delayed
@@ -60,12 +62,12 @@ RECIPE_MUTATION_CASES = (r"^Linear\.(column|row)\.sp1\.(default|fuse_wgrad_accum
                          r"|^LayerNorm\.sp1\.zero_centered_gamma=true$")
 
 
-def run_suite(build, tp):
+def run_suite(build, program, tp):
     for dirpath, _, files in os.walk(build):  # counters from earlier runs
         for f in files:
             if f.endswith(".gcda"):
                 os.remove(os.path.join(dirpath, f))
-    cmd = [os.path.join(build, "tpcheck"), "run", "--suite", "full", "--tp", str(tp), "--quiet"]
+    cmd = [program, "run", "--suite", "full", "--tp", str(tp), "--quiet"]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -161,17 +163,27 @@ def pct(a, b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", default="build-cov", help="a -DTPCHECK_COVERAGE=ON build dir")
+    ap.add_argument("--build", default="build",
+                    help="a build dir with -DTPCHECK_COVERAGE=ON or -DTPCHECK_COVERAGE_PROGRAM=ON")
+    ap.add_argument("--program", default=None,
+                    help="the instrumented program (default: BUILD/tpcheck_coverage if built, "
+                         "else BUILD/tpcheck)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--out", default=None, help="markdown report to write")
     ap.add_argument("--check", action="store_true", help="fail when a baseline branch is lost")
     ap.add_argument("--update-baseline", action="store_true", help=f"rewrite {BASELINE}")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
-    if not os.access(os.path.join(build, "tpcheck"), os.X_OK):
-        sys.exit(f"coverage: {build}/tpcheck not built (cmake --build {args.build} --target tpcheck_cli)")
+    program = args.program
+    if program is None:
+        program = os.path.join(build, "tpcheck_coverage")
+        if not os.access(program, os.X_OK):
+            program = os.path.join(build, "tpcheck")
+    if not os.access(program, os.X_OK):
+        sys.exit(f"coverage: {program} not built (cmake --build {args.build} --target "
+                 "tpcheck_coverage, or tpcheck_cli in a -DTPCHECK_COVERAGE=ON tree)")
 
-    seconds, summary = run_suite(build, args.tp)
+    seconds, summary = run_suite(build, program, args.tp)
     report = gcovr_json(build)
     lines, branches = line_counts(report), branch_records(report)
     layer_files = sorted(p for p in lines if p.startswith(LAYERS))

@@ -1,13 +1,15 @@
 // tests/suite/seeds_test.cpp — no false alarms: without a mutation, the default policy
 // (`truth`, judged as `tpcheck run` judges) passes every case of the `te` and the `full`
-// suites for many seeds at TP 2, 4 and 8. Each seed draws new parameters, inputs and targets, so this is
-// the statistical side of the truth policy's calibration (docs/POLICIES.md).
+// suites for many seeds at TP 2, 4 and 8. Each seed draws new parameters, inputs and
+// targets, so this is the statistical side of the truth policy's calibration
+// (docs/POLICIES.md).
 //
-// One test per (tp, seed). Cost, measured with the whole suite per seed on the shared
-// 2-core machine under load (~7 other builds): tp 2 ≈ 4 s, tp 4 ≈ 8 s, tp 8 ≈ 20 s per
-// seed. All 20 seeds at all three sizes would be ≈ 600-700 s, over the 10-minute budget,
-// so: 20 seeds at tp 2 and tp 4 (the CLI default), 8 at tp 8 — see kSeedsPerTp. Measured
-// total for this binary under ctest: 270 s (tp 2 ≈ 3.4 s, tp 4 ≈ 7 s, tp 8 ≈ 17 s a seed).
+// One test per (suite, tp, seed). The pool: 20 te seeds at tp 2 and tp 4 (the CLI
+// default), 8 at tp 8; 8 / 6 / 3 full-suite seeds. Cost per seed on the 2-core machine:
+// te tp 2 ≈ 3.4 s, tp 4 ≈ 7 s, tp 8 ≈ 17 s; the full suite about twice that — about
+// 10 minutes for the pool. The quick run (scripts/test.sh) takes a block of each
+// (suite, tp) pool that rotates by day (kPools; tests/support/test_depth.h),
+// so consecutive days run every seed; scripts/test.sh --long runs the whole pool.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "suite/suite_run_support.h"
+#include "support/test_depth.h"
 #include "tpcheck/suite.h"
 
 namespace tpcheck::testing {
@@ -31,21 +34,31 @@ struct SeedParam {
 // scripts/calibrate.py (2001.., sample 3001..), as docs/POLICIES.md records, so this test
 // checks the constants on data they were not chosen from.
 constexpr std::uint64_t kFirstSeed = 1001;
-constexpr std::pair<int, int> kSeedsPerTp[] = {{2, 20}, {4, 20}, {8, 8}};
-// The `full` suite (181 cases, bf16 and the paths te never reaches): fewer seeds, as it
+struct Pool {
+  const char* suite;
+  int tp;
+  int seeds;        // the whole pool (--long)
+  int quick_seeds;  // the day's block (quick run)
+};
+// The `full` suite (181 cases, bf16 and the paths te never reaches) has fewer seeds, as it
 // costs about twice the te suite per seed (tp 8: hidden 128, 32 heads).
-constexpr std::pair<int, int> kFullSeedsPerTp[] = {{2, 8}, {4, 6}, {8, 3}};
+constexpr Pool kPools[] = {
+    {"te", 2, 20, 3}, {"te", 4, 20, 3}, {"te", 8, 8, 1},
+    {"full", 2, 8, 1}, {"full", 4, 6, 1}, {"full", 8, 3, 1},
+};
 
 std::vector<SeedParam> all_params() {
   std::vector<SeedParam> out;
-  for (const auto& [tp, n] : kSeedsPerTp) {
-    for (int s = 0; s < n; ++s) out.push_back({"te", tp, kFirstSeed + static_cast<std::uint64_t>(s)});
-  }
-  for (const auto& [tp, n] : kFullSeedsPerTp) {
-    for (int s = 0; s < n; ++s) {
-      out.push_back({"full", tp, kFirstSeed + static_cast<std::uint64_t>(s)});
+  std::uint64_t salt = 0;
+  for (const Pool& pool : kPools) {
+    std::vector<SeedParam> all;
+    for (int s = 0; s < pool.seeds; ++s) {
+      all.push_back({pool.suite, pool.tp, kFirstSeed + static_cast<std::uint64_t>(s)});
     }
+    for (const SeedParam& p : rotating_sample(all, pool.quick_seeds, salt++)) out.push_back(p);
   }
+  std::cout << "[ sample   ] " << (long_run() ? "every seed (TPCHECK_TEST_LONG=1)" : "day's block")
+            << ", TPCHECK_TEST_ROTATION=" << rotation() << "\n";
   return out;
 }
 
