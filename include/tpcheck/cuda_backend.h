@@ -37,7 +37,7 @@ struct CudaBackendOptions {
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 
-// quantize() on the GPU (src/backend/cuda/quantize.cu), bit for bit the CPU's: x a GPU
+// quantize() on the GPU (src/quant/cuda/quantize.cu), bit for bit the CPU's: x a GPU
 // tensor (f32, f16, bf16); the quantized copies are GPU tensors, the amax / scale
 // tensors host ones. Same checks and errors as quantize(). Built without CUDA: an error.
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& options,

@@ -1,4 +1,4 @@
-// cuda_quantize_test — quantize_on_gpu (src/backend/cuda/quantize.cu) against the CPU's
+// cuda_quantize_test — quantize_on_gpu (src/quant/cuda/quantize.cu) against the CPU's
 // quantize (src/quant), bit for bit: data and scale_inv of both copies, the amax and the
 // scale, for every recipe and role, f32 / bf16 / f16 inputs, with the edge cases of the
 // conformance test (an all-zero block, a tiny block next to a large amax — NVFP4's block

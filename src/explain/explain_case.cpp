@@ -1,4 +1,4 @@
-// explain.cpp — explain_case: the recorded run, the GEMM attribution, the counterfactual
+// explain_case.cpp — explain_case: the recorded run, the GEMM attribution, the counterfactual
 // re-runs and the closing sentence (see tpcheck/explain.h, docs/FORENSICS.md).
 #include "tpcheck/explain.h"
 
@@ -9,8 +9,8 @@
 #include <cmath>
 #include <set>
 
-#include "forensics/explain_recorder.h"
-#include "forensics/explain_trail.h"
+#include "explain/recorder.h"
+#include "explain/trail.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {

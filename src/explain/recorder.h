@@ -1,4 +1,4 @@
-// explain_recorder.h — decorators that record every intermediate tensor of a run, and
+// explain/recorder.h — decorators that record every intermediate tensor of a run, and
 // force chosen GEMM sites to a numerical class (tpcheck explain).
 //
 // RecordingBackend wraps a rank's backend (a BackendWrapper: it shares the target's rule,

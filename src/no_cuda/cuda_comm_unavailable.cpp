@@ -1,6 +1,5 @@
 // The CUDA communicators' entry points in a build without CUDA: a clear error, not a link
 // failure (nccl_process_launch_from_env needs no CUDA and lives in process_launch.cpp).
-#ifndef TPCHECK_HAVE_CUDA
 #include "tpcheck/cuda_comm.h"
 #include "tpcheck/error.h"
 
@@ -34,4 +33,3 @@ std::unique_ptr<Communicator> connect_nccl_process_group(const NcclProcessLaunch
 }
 
 }  // namespace tpcheck
-#endif

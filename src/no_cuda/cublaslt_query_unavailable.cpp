@@ -1,6 +1,5 @@
 // query_numerical_impls for builds without CUDA: a clear error (the CUDA build provides
-// the real one, src/backend/cuda/cublaslt_query.cu).
-#ifndef TPCHECK_HAVE_CUDA
+// the real one, src/forensics/cuda/cublaslt_query.cu).
 #include "tpcheck/cublaslt_log.h"
 #include "tpcheck/error.h"
 
@@ -16,4 +15,3 @@ void query_numerical_impls(std::vector<CublasLtCall>&) {
 }
 
 }  // namespace tpcheck
-#endif

@@ -1,5 +1,4 @@
 // query_devices() for builds without CUDA (the CUDA build provides its own).
-#ifndef TPCHECK_HAVE_CUDA
 #include "tpcheck/device.h"
 
 namespace tpcheck {
@@ -7,4 +6,3 @@ namespace tpcheck {
 DeviceInfo query_devices() { return {0, "built without CUDA (TPCHECK_CUDA=OFF)"}; }
 
 }  // namespace tpcheck
-#endif

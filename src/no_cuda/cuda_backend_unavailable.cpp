@@ -1,6 +1,5 @@
 // The CUDA backend's entry points in a build without CUDA: a clear error, not a link
 // failure, so the CLI and tests can say what is missing.
-#ifndef TPCHECK_HAVE_CUDA
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/error.h"
 
@@ -47,4 +46,3 @@ int use_external_cuda_device(int device) {
 void restore_cuda_device(int) {}
 
 }  // namespace tpcheck
-#endif

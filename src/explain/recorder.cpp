@@ -1,5 +1,5 @@
-// explain_recorder.cpp — see explain_recorder.h.
-#include "forensics/explain_recorder.h"
+// explain/recorder.cpp — see recorder.h.
+#include "explain/recorder.h"
 
 #include <utility>
 

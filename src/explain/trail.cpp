@@ -1,5 +1,5 @@
-// explain_trail.cpp — see explain_trail.h.
-#include "forensics/explain_trail.h"
+// explain/trail.cpp — see trail.h.
+#include "explain/trail.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// explain_trail.h — lining up the recorded intermediates of the single, sharded and truth
+// explain/trail.h — lining up the recorded intermediates of the single, sharded and truth
 // runs (the first-divergence table of tpcheck explain).
 //
 // Naming and alignment. A GEMM is named by its site ("mlp.fc1/fwd"); any other op by the
@@ -26,7 +26,7 @@
 
 #include <vector>
 
-#include "forensics/explain_recorder.h"
+#include "explain/recorder.h"
 #include "tpcheck/explain.h"
 #include "tpcheck/numerics.h"
 
