@@ -101,7 +101,8 @@ inline constexpr unsigned kForCase = kForRun | kForExplain, kForAll = kForCase |
     "write the JSON report (schema tpcheck.run/1) here")                                           \
   X(std::optional<std::string>, html, std::nullopt, kForCase,                                      \
     "write a self-contained HTML report with plots here")                                          \
-  X(bool, quiet, false, kForRun, "print only failing cases and the summary")
+  X(bool, quiet, false, kForRun, "print only failing cases and the summary")                       \
+  /* the end: every row above ends in a backslash, so a new row is an added line or two */
 
 struct RunOptions {
 #define TPCHECK_RUN_OPTION_MEMBER(type, member, default_value, commands, help) \
