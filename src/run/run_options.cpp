@@ -3,6 +3,7 @@
 #include "tpcheck/run_options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <charconv>
 #include <string>
@@ -176,7 +177,10 @@ void set_run_option(RunOptions& options, std::string_view name, std::string_view
       return;
     }
   }
-  throw Error(ErrorKind::kInput, fmt::format("unknown run option '{}'", name));
+  std::vector<std::string> names;
+  for (const RunOptionInfo& info : run_option_table()) names.push_back(info.keyword);
+  throw Error(ErrorKind::kInput, fmt::format("unknown run option '{}'; expected one of {}", name,
+                                             fmt::join(names, ", ")));
 }
 
 }  // namespace tpcheck
