@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect as _inspect
 import json as _json
 import math as _math
+import numbers as _numbers
 from typing import Any, Mapping, Optional
 
 from . import _tpcheck
@@ -290,9 +291,9 @@ def _option_text(keyword: str, value: Any) -> str:
     kind = _RUN_OPTIONS[keyword]["kind"]
     if kind == "flag" and isinstance(value, bool):
         return "true" if value else "false"
-    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if kind == "int" and isinstance(value, _numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))  # numpy's integers too
+    if kind == "float" and isinstance(value, _numbers.Real) and not isinstance(value, bool):
         return repr(float(value))
     if kind in ("str", "choice") and isinstance(value, str):
         return value
