@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -88,8 +89,14 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;
 using GroupLauncher =
     std::function<void(int world, const std::function<void(Communicator&)>& body)>;
 
+// The backend an Execution's ranks run on; backend_kind_name is the reports' name for it.
+enum class BackendKind { kCpu, kCuda };
+inline std::string_view backend_kind_name(BackendKind kind) {
+  return kind == BackendKind::kCuda ? "cuda" : "cpu";
+}
+
 struct Execution {
-  std::string backend = "cpu";      // for reports: "cpu", "cuda"
+  BackendKind backend = BackendKind::kCpu;
   std::string communicator = "threads (rank-order f32 sums)";  // for reports
   BackendFactory make_backend;      // default: the CPU backend
   GroupLauncher launch_group;       // default: run_thread_group

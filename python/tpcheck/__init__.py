@@ -16,8 +16,10 @@ float8_e5m2, C-contiguous. docs/PYTHON.md is the manual.
 
 from __future__ import annotations
 
+import inspect as _inspect
 import json as _json
 import math as _math
+import numbers as _numbers
 from typing import Any, Mapping, Optional
 
 from . import _tpcheck
@@ -271,28 +273,79 @@ def _detached(x: Any) -> Any:
     return detach() if callable(detach) and getattr(x, "requires_grad", False) else x
 
 
-def run(suite: str = "te", tp: int = 4, backend: str = "auto", *, filter: str = "",
-        policy: str = "truth", seed: int = 1234, mutate: str = "none",
-        cpu_gemm: Optional[str] = None, tf32: str = "on", gemm_impl: str = "any",
-        comm: str = "auto", comm_order: str = "nccl-ring", rtol: Optional[float] = None,
-        atol: Optional[float] = None, hidden: Optional[int] = None, ffn: Optional[int] = None,
-        heads: Optional[int] = None, seq: Optional[int] = None, batch: Optional[int] = None,
-        json: Optional[str] = None, quiet: bool = True, echo: bool = False,
-        recipe: str = "none", steps: int = 1, attention: str = "unfused") -> dict[str, Any]:
-    """Runs a suite as `tpcheck run` does (same options, same code) and returns its report
-    as the JSON has it (schema tpcheck.run/1). `echo` prints the console report. `steps`
-    is `--steps`: an int >= 1 (anything else is refused with the value named, as the CLI
-    does). `attention` is `--attention` (unfused, or fused: cuDNN's on the GPU). Under torchrun (one process per rank, backend cuda) the NCCL id goes through
-    the process group's store; ranks other than 0 return the report too (rank 0 alone
-    prints and writes `json`)."""
-    if isinstance(steps, bool) or not isinstance(steps, int):
-        raise ValueError(f"steps {steps!r}: expected a whole number of training steps >= 1")
-    if backend in ("auto", "cuda"):
+def _option_default(o: Mapping[str, Any]) -> Any:
+    """A run option's default as Python has it: the command line's text, typed."""
+    if o["optional"]:
+        return None
+    text = o["default"]
+    return {"flag": lambda t: t == "true", "int": int, "float": float}.get(o["kind"], str)(text)
+
+
+_RUN_OPTIONS = {o["keyword"]: o for o in _tpcheck.run_options()}
+_RUN_TYPES = {"flag": bool, "int": int, "float": float, "str": str, "choice": str}
+
+
+def _option_text(keyword: str, value: Any) -> str:
+    """The command line's text for a keyword's value, its Python type checked first (a bool
+    is not an int; 1.5 is not a whole number of steps)."""
+    kind = _RUN_OPTIONS[keyword]["kind"]
+    if kind == "flag" and isinstance(value, bool):
+        return "true" if value else "false"
+    if kind == "int" and isinstance(value, _numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))  # numpy's integers too
+    if kind == "float" and isinstance(value, _numbers.Real) and not isinstance(value, bool):
+        return repr(float(value))
+    if kind in ("str", "choice") and isinstance(value, str):
+        return value
+    expected = {"flag": "True or False", "int": "an int", "float": "a number",
+                "str": "a str", "choice": "one of " + ", ".join(_RUN_OPTIONS[keyword]["choices"])}
+    raise ValueError(f"{keyword}={value!r}: expected {expected[kind]} "
+                     f"(`tpcheck run {_RUN_OPTIONS[keyword]['flag']}`)")
+
+
+def run(**options: Any) -> dict[str, Any]:
+    """Runs a suite as `tpcheck run` does and returns its report as the JSON has it (schema
+    tpcheck.run/1). The keywords are `tpcheck run`'s options with their defaults (--cpu-gemm
+    is cpu_gemm; an option the command line leaves unset is None here), checked by the same
+    code, plus `echo`: print the console report (`quiet` shortens it as on the command
+    line). Under torchrun (one process per rank, backend cuda) the NCCL id goes through the
+    process group's store; ranks other than 0 return the report too (rank 0 alone prints
+    and writes `json` / `html`).
+    """
+    bound = run.__signature__.bind(**options)  # TypeError naming an unknown keyword
+    bound.apply_defaults()
+    given = dict(bound.arguments)
+    echo = given.pop("echo")
+    if not isinstance(echo, bool):
+        raise ValueError(f"echo={echo!r}: expected True or False")
+    texts = {k: _option_text(k, v) for k, v in given.items() if v is not None}
+    if given["backend"] in ("auto", "cuda"):
         _share_nccl_id_if_torchrun()
-    report, console, _passed, _failed, _reports = _tpcheck.run(
-        suite, int(tp), backend, filter, policy, int(seed), mutate, cpu_gemm, tf32, gemm_impl,
-        comm, comm_order, rtol, atol, hidden, ffn, heads, seq, batch, json or "", quiet, recipe,
-        str(steps), attention)
+    report, console, _passed, _failed, _reports = _tpcheck.run(texts)
     if echo and console:
         print(console, end="", flush=True)
     return _json.loads(report)
+
+
+def _run_signature() -> _inspect.Signature:
+    keyword = _inspect.Parameter.KEYWORD_ONLY
+    params = [_inspect.Parameter(k, keyword, default=_option_default(o),
+                                 annotation=(Optional[_RUN_TYPES[o["kind"]]] if o["optional"]
+                                             else _RUN_TYPES[o["kind"]]))
+              for k, o in _RUN_OPTIONS.items()]
+    params.append(_inspect.Parameter("echo", keyword, default=False, annotation=bool))
+    return _inspect.Signature(params, return_annotation=dict[str, Any])
+
+
+def _run_options_doc() -> str:
+    lines = ["", "Options (`tpcheck run --help`):"]
+    for k, o in _RUN_OPTIONS.items():
+        lines.append(f"    {k} = {_option_default(o)!r}: {o['help']}")
+    lines.append("    echo = False: print the console report (Python only)")
+    return "\n".join(lines) + "\n"
+
+
+# run's keywords are the run options' table (include/tpcheck/run_options.h), as the
+# command line's flags are: an option added there is a keyword here.
+run.__signature__ = _run_signature()  # type: ignore[attr-defined]
+run.__doc__ = (run.__doc__ or "") + _run_options_doc()

@@ -46,22 +46,23 @@ int logdiff_command(const LogdiffArgs& args) {
     TPCHECK_CHECK_INPUT(cublaslt_query_available(),
                         "--query needs tpcheck built with CUDA (this build has TPCHECK_CUDA=OFF)");
   }
-  std::ofstream json_file;
-  if (!args.json_path.empty()) {
-    json_file.open(args.json_path);
-    TPCHECK_CHECK_INPUT(json_file.good(), "cannot write --json file '{}'", args.json_path);
-  }
   CublasLtLog a = read_cublaslt_log(args.a);
   CublasLtLog b = read_cublaslt_log(args.b);
   report_problems(a);
   report_problems(b);
+  // A log without matmul calls has nothing to line up: comparing it would report "the
+  // same algorithm everywhere" about calls that were never logged.
   for (const CublasLtLog* log : {&a, &b}) {
-    if (log->calls.empty()) {
-      fmt::print(stderr,
-                 "tpcheck: warning: {}: no [Trace][cublasLt*Matmul] line in {} lines (was it "
-                 "written with CUBLASLT_LOG_LEVEL=2 or 5?)\n",
-                 log->path, log->lines);
-    }
+    TPCHECK_CHECK_INPUT(!log->calls.empty(),
+                        "{}: no cuBLASLt matmul call ([Trace][cublasLt*Matmul] line) in its {} "
+                        "lines, nothing to compare; expected a log written with "
+                        "CUBLASLT_LOG_LEVEL=2 or 5 by a program that ran GEMMs",
+                        log->path, log->lines);
+  }
+  std::ofstream json_file;
+  if (!args.json_path.empty()) {
+    json_file.open(args.json_path);
+    TPCHECK_CHECK_INPUT(json_file.good(), "cannot write --json file '{}'", args.json_path);
   }
   if (args.query) {
     query_numerical_impls(a.calls);

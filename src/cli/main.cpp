@@ -3,7 +3,7 @@
 // in cli/app.cpp (shared with the Python package).
 #include <cstdio>
 
-#include "cli/app.h"
+#include "tpcheck/cli.h"
 
 int main(int argc, char** argv) {
   // One line per case as it finishes, also into a pipe or a file: a run cut short (a

@@ -4,7 +4,9 @@
 //   compare(...)        compare_tensors + evaluate on DLPack arrays, zero-copy; a dict
 //   truth(...)          compute_truth (truth.h) on DLPack arrays; numpy f64 results
 //   layer_parameters()  a layer's parameter names and shapes
-//   run(...)            the CLI's run_suite; the JSON report as a string and the console
+//   run(options)        run_suite (tpcheck_run) from {keyword: text}; the JSON report
+//                       as a string and the console
+//   run_options()       the run options' table, for tpcheck.run's signature
 //   main(argv)          the whole CLI (`python -m tpcheck ...`), its exit code
 //   make_nccl_id(), set_process_nccl_id(bytes)   the NCCL id through torchrun's store
 //   trace_ledger(logs, pid, query), trace_summary(ledger), trace_diff(a, b)
@@ -26,9 +28,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "cli/app.h"
 #include "python/dlpack.h"
 #include "python/truth.h"
+#include "tpcheck/cli.h"
 #include "tpcheck/cublaslt_log.h"
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/cuda_comm.h"
@@ -37,6 +39,8 @@
 #include "tpcheck/gemm_record.h"
 #include "tpcheck/ledger_diff.h"
 #include "tpcheck/numerics.h"
+#include "tpcheck/run_options.h"
+#include "tpcheck/run_suite.h"
 #include "tpcheck/suite.h"
 
 namespace nb = nanobind;
@@ -243,41 +247,39 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> layer_parameters(
   return out;
 }
 
+// tpcheck.run's options, those of `tpcheck run` (the hidden testing hooks aside), as the
+// table has them: keyword, flag, kind, choices, whether None is allowed, the default as the
+// command line would give it, help. python/tpcheck builds run()'s signature from it.
+nb::list run_options() {
+  static const char* const kKindNames[] = {"flag", "int", "float", "str", "choice"};
+  nb::list out;
+  for (const RunOptionInfo& info : run_option_table()) {
+    if ((info.commands & kForRun) == 0 || (info.commands & kHiddenOption) != 0) continue;
+    nb::dict d;
+    d["keyword"] = info.keyword;
+    d["flag"] = "--" + info.name;
+    d["kind"] = kKindNames[static_cast<int>(info.kind)];
+    std::vector<std::string> choices(info.choices.begin(), info.choices.end());
+    d["choices"] = choices;
+    d["optional"] = info.optional;
+    d["default"] = info.default_text;
+    d["help"] = std::string(info.help);
+    out.append(d);
+  }
+  return out;
+}
+
+// A suite run from the options as text (the command line's text, so the same checks and
+// messages): (report JSON, console text, passed, failed, reports).
 std::tuple<std::string, std::string, int, int, bool> run(
-    const std::string& suite, int tp, const std::string& backend, const std::string& filter,
-    const std::string& policy, std::uint64_t seed, const std::string& mutate,
-    std::optional<std::string> cpu_gemm, const std::string& tf32, const std::string& gemm_impl,
-    const std::string& comm, const std::string& comm_order, std::optional<double> rtol,
-    std::optional<double> atol, std::optional<std::int64_t> hidden, std::optional<std::int64_t> ffn,
-    std::optional<std::int64_t> heads, std::optional<std::int64_t> seq,
-    std::optional<std::int64_t> batch, const std::string& json_path, bool quiet,
-    const std::string& recipe, const std::string& steps, const std::string& attention) {
-  RunArgs a;
-  a.suite = suite;
-  a.tp = tp;
-  a.execution.backend = backend;
-  a.execution.tf32 = tf32;
-  a.execution.gemm_impl = gemm_impl;
-  a.execution.comm = comm;
-  a.execution.comm_order = comm_order;
-  a.execution.attention = attention;
-  a.filter = filter;
-  a.policy = policy;
-  a.seed = seed;
-  a.mutate = mutate;
-  a.recipe = recipe;
-  a.steps = steps;
-  if (cpu_gemm) a.cpu_gemm = *cpu_gemm;
-  a.rtol = rtol;
-  a.atol = atol;
-  a.sizes = SuiteSizes{hidden, ffn, heads, seq, batch};
-  a.json_path = json_path;
-  a.quiet = quiet;
+    const std::map<std::string, std::string>& texts) {
+  RunOptions options;
+  for (const auto& [name, text] : texts) set_run_option(options, name, text);
   std::ostringstream console;
   RunOutcome outcome;
   {
     nb::gil_scoped_release release;
-    outcome = run_suite(a, cpu_gemm.has_value(), console);
+    outcome = run_suite(options, console);
   }
   return {outcome.report.dump(), console.str(), outcome.summary.passed, outcome.summary.failed,
           outcome.reports};
@@ -381,12 +383,10 @@ NB_MODULE(_tpcheck, m) {
         "device"_a, "fp64 outputs and gradients of tpcheck's implementation of a layer.");
   m.def("layer_parameters", &layer_parameters, "kind"_a, "options_json"_a,
         "The layer's parameters as (name, shape), in its documented order.");
-  m.def("run", &run, "suite"_a, "tp"_a, "backend"_a, "filter"_a, "policy"_a, "seed"_a, "mutate"_a,
-        "cpu_gemm"_a.none(), "tf32"_a, "gemm_impl"_a, "comm"_a, "comm_order"_a, "rtol"_a.none(),
-        "atol"_a.none(), "hidden"_a.none(), "ffn"_a.none(), "heads"_a.none(), "seq"_a.none(),
-        "batch"_a.none(), "json_path"_a, "quiet"_a, "recipe"_a = "none", "steps"_a = "1",
-        "attention"_a = "unfused",
-        "Runs a suite; returns (report JSON, console text, passed, failed, reports).");
+  m.def("run_options", &run_options, "tpcheck.run's options, from the run options' table.");
+  m.def("run", &run, "options"_a,
+        "Runs a suite from {keyword: text}; returns (report JSON, console text, passed, "
+        "failed, reports).");
   m.def("main", &main, "argv"_a, "The tpcheck command line; returns its exit code.");
   m.def("make_nccl_id", &make_nccl_id_bytes, "A fresh NCCL unique id (128 bytes).");
   m.def("set_process_nccl_id", &set_process_nccl_id_bytes, "id"_a,

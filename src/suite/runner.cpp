@@ -272,7 +272,7 @@ void share_results(Communicator& comm, Device device, std::vector<RankResult>& r
 
 Execution cpu_execution() {
   Execution e;
-  e.backend = "cpu";
+  e.backend = BackendKind::kCpu;
   e.communicator = "threads (rank-order sums in f32, rounded once)";
   e.make_backend = [](int) { return make_cpu_backend(); };
   e.launch_group = [](int world, const std::function<void(Communicator&)>& body) {
@@ -354,7 +354,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   // decorates the backend (make_rounding_probe_backend) and the probed run stays on the
   // case's device.
   const auto run_probed = [&] {
-    if (ex.backend == "cpu") {
+    if (ex.backend == BackendKind::kCpu) {
       ScopedRoundingProbe probe(kProbeU, config.seed);
       return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
                            config.seed, cpu_execution(), nullptr);
@@ -400,7 +400,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   // bits are the host loop's (−truth and the scaling are exact).
   std::unique_ptr<Backend> arithmetic;
   if (!config.skip_truth) {
-    const bool on_host = ex.backend == "cpu" || ex.results_on_host;
+    const bool on_host = ex.backend == BackendKind::kCpu || ex.results_on_host;
     arithmetic = on_host ? make_cpu_backend() : ex.make_backend(0);
   }
   auto noise_of = [&arithmetic](const Tensor& p, const Tensor& t) {
@@ -415,7 +415,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
     ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
                                   config.recipe, steps, config.seed, ex, comm, mine);
     if (ex.one_process_per_rank && comm.size() > 1) {
-      share_results(comm, ex.backend == "cuda" ? Device::kCuda : Device::kCpu, ranks);
+      share_results(comm, ex.backend == BackendKind::kCuda ? Device::kCuda : Device::kCpu, ranks);
     }
   });
 

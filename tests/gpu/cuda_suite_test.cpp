@@ -24,7 +24,7 @@ namespace {
 
 Execution cuda_emulated(bool concurrent, bool fused_attention) {
   Execution e;
-  e.backend = "cuda";
+  e.backend = BackendKind::kCuda;
   e.communicator = "emulated on GPU 0";
   CudaBackendOptions options;
   options.fused_attention = fused_attention;

@@ -198,7 +198,10 @@ def test_explain_json(tmp_path):
 
 
 def test_explain_bad_case_is_input_error():
-    out = subprocess.run([tpcheck(), "explain", "NoSuchLayer", "--backend", "cpu", "--tp", "2"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert "NoSuchLayer" in out.stderr
+    # The message names the CASE argument (not --filter, which explain does not take).
+    for case in ("NoSuchLayer", "(Linear"):
+        out = subprocess.run([tpcheck(), "explain", case, "--backend", "cpu", "--tp", "2"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2
+        assert f"case '{case}'" in out.stderr, out.stderr
+        assert "--filter" not in out.stderr, out.stderr

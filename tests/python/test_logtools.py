@@ -100,6 +100,23 @@ def test_logdiff_input_errors(cli, tmp_path):
     assert "--query" in r.stderr and ("CUDA" in r.stderr or "GPU" in r.stderr), r.stderr
 
 
+def test_logdiff_log_without_matmul_lines(cli, tmp_path):
+    # A log with no [Trace][cublasLt*Matmul] line (written at the wrong level, or by a
+    # program that ran no GEMM) has nothing to compare: an input error that names the
+    # file, not "every aligned call ran the same algorithm".
+    single, _ = write_logs(tmp_path)
+    empty = tmp_path / "no_matmuls.log"
+    empty.write_text("[2026-11-30][cublasLt][1][Api][cublasLtCreate] handle=0x1\nhello\n")
+    out_json = tmp_path / "logdiff.json"
+    for a, b in ((single, empty), (empty, single), (empty, empty)):
+        r = tpcheck(cli, "logdiff", str(a), str(b), "--json", str(out_json))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"{empty}: no cuBLASLt matmul call" in r.stderr, r.stderr
+        assert "CUBLASLT_LOG_LEVEL" in r.stderr, r.stderr
+        assert "same algorithm" not in r.stdout, r.stdout
+        assert not out_json.exists(), "a JSON comparison was written for an input error"
+
+
 FAKE_PROGRAM = textwrap.dedent("""
     # A stand-in for a CUDA program: writes cuBLASLt-style lines into the log file the
     # CUBLASLT_LOG_FILE pattern names (%i = its pid), from itself and one child process.

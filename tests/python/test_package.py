@@ -8,6 +8,7 @@ tpcheck.run. The package is imported from the build tree (ctest sets PYTHONPATH 
 build/python); a missing package is a failure, not a skip.
 """
 
+import inspect
 import json
 import os
 import re
@@ -381,6 +382,35 @@ def test_run_returns_the_cli_report(tmp_path):
     path = tmp_path / "py.json"
     tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER, json=str(path))
     assert strip(json.loads(path.read_text())) == strip(want)
+
+
+def test_run_keywords_are_the_cli_run_options():
+    # tpcheck.run(**options) takes exactly `tpcheck run`'s options with the command line's
+    # defaults (both come from include/tpcheck/run_options.h's table; this compares what
+    # each side shows: `tpcheck run --help` and run's signature), plus Python's `echo`.
+    cli = os.environ.get("TPCHECK_CLI")
+    assert cli, "ctest sets TPCHECK_CLI"
+    shown = subprocess.run([cli, "run", "--help"], check=True, capture_output=True,
+                           text=True).stdout
+    flags = {}  # keyword -> the default --help shows (CLI11: "--tp INT=4"; None: none)
+    for m in re.finditer(r"^ +--([a-z][a-z0-9-]*)(?: ([^ =]+)(?:=(\S+))?)?", shown, re.M):
+        flags[m.group(1).replace("-", "_")] = m.group(3)
+    assert {"backend", "suite", "steps", "json", "html", "quiet", "filter"} <= set(flags), shown
+    params = dict(inspect.signature(tpcheck.run).parameters)
+    echo = params.pop("echo")
+    assert echo.default is False
+    assert set(params) == set(flags)
+    for name, p in params.items():
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY, name
+        if p.default is None or p.default is False or p.default == "":
+            assert flags[name] is None, (name, p.default, flags[name])
+        else:
+            assert flags[name] == str(p.default), (name, p.default, flags[name])
+    # What used to differ: Python's suite was te, and it had no html.
+    assert params["suite"].default == "full" and params["html"].default is None
+    assert params["steps"].default == 1 and params["quiet"].default is False
+    with pytest.raises(TypeError, match="no_such_option"):
+        tpcheck.run(no_such_option=1)
 
 
 def test_run_with_a_recipe():
