@@ -46,8 +46,12 @@ def _free_port() -> int:
 
 def _pump(stream, out, prefix: bytes, lock):
     for line in iter(stream.readline, b""):
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        if not line.startswith(prefix):  # torch prefixes its own tracebacks already
+            line = prefix + line
         with lock:
-            out.buffer.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+            out.buffer.write(line)
             out.buffer.flush()
     stream.close()
 

@@ -154,6 +154,22 @@ class TpcheckProcessGroup(dist.ProcessGroup):
     def getBackendName(self):
         return "tpcheck"
 
+    # c10d names a group after creating it; a Python group keeps the name itself (the C++
+    # ProcessGroup keeps it in its backends, which a Python group has none of).
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", self._gid)
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self):
         return f"TpcheckProcessGroup(rank {self._rank} of {self._size}, ranks {self._global})"
 
@@ -175,23 +191,22 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                                    f"{self._global[self._rank]} waits in {waiting_for}")
 
     def _wait(self, keys: list[str], what: str):
-        deadline = time.monotonic() + self._timeout.total_seconds()
-        slice_s = 0.05
-        while True:
-            try:
-                self._store.wait(keys, datetime.timedelta(seconds=slice_s))
-                return
-            except dist.DistStoreError:
-                pass
-            except RuntimeError as e:  # older stores raise RuntimeError on a timeout
-                if "imeout" not in str(e):
-                    raise
-            self._check_events(what)
-            if time.monotonic() > deadline:
+        """Polls the store until every key exists (a timed-out store.wait logs a C++
+        warning each time, so it is not used); watches the launcher's events meanwhile."""
+        start = time.monotonic()
+        deadline = start + self._timeout.total_seconds()
+        delay, next_events = 0.0, start + 0.2
+        while not self._store.check(keys):
+            now = time.monotonic()
+            if now > next_events:
+                self._check_events(what)
+                next_events = now + 0.2
+            if now > deadline:
                 missing = [k for k in keys if not self._store.check([k])]
                 raise EmulateError(f"timeout ({self._timeout}) in {what}: no record from "
                                    f"{', '.join(missing)}")
-            slice_s = min(1.0, slice_s * 2)
+            time.sleep(delay)
+            delay = min(0.005, delay * 2 or 2e-5)
 
     def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None):
         """Publishes this rank's part of collective `kind`; returns (every rank's record,
