@@ -143,9 +143,12 @@ class TpcheckProcessGroup(dist.ProcessGroup):
             os.makedirs(tdir, exist_ok=True)
             g = self._global[rank]
             self._trace = open(os.path.join(tdir, f"comm.rank{g}.jsonl"), "a", buffering=1)
-        import atexit
+        if "TPCHECK_EMULATE_JOB" not in os.environ:
+            # Outside the launcher (which removes the job's files when every rank is done),
+            # remove them at exit; a peer still reading then may fail (never under emulate).
+            import atexit
 
-        atexit.register(self._shm.close)
+            atexit.register(self._shm.close)
 
     # ---- identity ------------------------------------------------------------------------
     def size(self):
