@@ -10,6 +10,7 @@ exits 0 early, is SIGKILLed, calls another collective or size); bad input. The p
 the build tree's (ctest sets PYTHONPATH=build/python).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -42,10 +43,20 @@ def assert_all_ok(rc, out, err, n):
 
 
 @pytest.mark.parametrize("n,order", [(4, "nccl-ring"), (3, "rank")])
-def test_every_collective(n, order):
-    rc, out, err, _ = emulate(["-n", str(n), "--comm-order", order, "--",
+def test_every_collective(n, order, tmp_path):
+    trace = ["--trace", str(tmp_path)] if order == "rank" else []
+    rc, out, err, _ = emulate(["-n", str(n), "--comm-order", order, *trace, "--",
                                os.path.join(WORKERS, "collectives.py")])
     assert_all_ok(rc, out, err, n)
+    if trace:  # the per-rank ledger of collectives
+        for r in range(n):
+            recs = [json.loads(line) for line in (tmp_path / f"comm.rank{r}.jsonl").read_text().splitlines()]
+            first = recs[0]
+            assert first["kind"] == "all_reduce" and first["sig"]["dtypes"] == ["float32"]
+            assert first["sig"]["shapes"] == [[17, 61]] and first["bytes"] == 1037 * 4
+            assert first["order"] == "rank" and first["algorithm"] == "rank-order"
+            assert "collectives.py:" in first["at"]
+            assert {"all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier"} <= {x["kind"] for x in recs}
     names = ok_lines(out, 0)
     for want in ("all_reduce sum bf16", "all_reduce avg f16", "all_reduce max f32", "all_reduce min f32",
                  "all_reduce prod bf16", "all_gather", "all_gather_into_tensor", "reduce_scatter",

@@ -211,14 +211,17 @@ class TpcheckProcessGroup(dist.ProcessGroup):
             time.sleep(delay)
             delay = min(0.005, delay * 2 or 2e-5)
 
-    def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None):
+    def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None, device=None):
         """Publishes this rank's part of collective `kind`; returns (every rank's record,
-        the exchange holding the data)."""
+        the exchange holding the data). `device`: the tensors' device when this rank
+        contributes none (a broadcast's receivers)."""
         seq = self._seq
         self._seq += 1
-        dev = None
+        dev = device
         for t in contrib:
             dev = t.device
+        if kind != "barrier":
+            sig = dict(sig, device=dev.type if dev is not None else "cpu")
         ex = self._exchange(dev)
         loc = ex.put(seq, contrib)
         desc = self._format_call(kind, sig)
@@ -230,6 +233,8 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         keys = [f"tpcheck/{seq}/{r}" for r in range(self._size)]
         self._wait(keys, f"{desc} (call #{seq} of the group, at {rec['at']})")
         recs = [json.loads(b) for b in self._store.multi_get(keys)]
+        if ex is not self._shm:
+            ex.note_peers(recs, self._rank)
         for r, other in enumerate(recs):
             if other["kind"] != kind or other["sig"] != sig:
                 raise EmulateError(
@@ -253,6 +258,8 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         for k in ("op", "root"):
             if k in sig:
                 args += f", {k}={sig[k]}"
+        if sig.get("device") not in (None, "cpu"):
+            args += f", on {sig['device']}"
         return f"{kind}({args})"
 
     def _exchange(self, dev):
@@ -445,7 +452,8 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         for i, t in enumerate(tensors):
             self._accept(t, f"broadcast tensor {i}")
         recs, ex = self._step("broadcast", self._sig(tensors, root=root),
-                              tensors if self._rank == root else [])
+                              tensors if self._rank == root else [],
+                              device=tensors[0].device if tensors else None)
         if self._rank != root:
             for i, t in enumerate(tensors):
                 t.copy_(ex.view(recs[root]["loc"], i, t.dtype, t.numel()).view(t.shape))
@@ -506,7 +514,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
     def scatter(self, outs, in_lists, opts=None):
         root = getattr(opts, "rootRank", 0)
         mine = in_lists[0] if self._rank == root else []
-        recs, ex = self._step("scatter", self._sig(outs, root=root), mine)
+        recs, ex = self._step("scatter", self._sig(outs, root=root), mine, device=outs[0].device)
         o = outs[0]
         o.copy_(ex.view(recs[root]["loc"], self._rank, o.dtype, o.numel()).view(o.shape))
         self._sync_cuda(ex)
