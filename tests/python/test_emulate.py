@@ -159,3 +159,13 @@ def test_bad_input(tmp_path):
     rc, out, err, _ = emulate(["-n", "2", "--", sys.executable, "-c", "print('hello')"])
     assert rc == 1 and "[rank1]: hello" in out
     assert "ranks 0, 1 never initialized the process group" in err
+
+
+def test_example_runs():
+    """examples/emulate_megatron_mlp.py, as a user runs it (TP 2, sequence parallel, bf16)."""
+    ex = os.path.join(HERE, "..", "..", "examples", "emulate_megatron_mlp.py")
+    rc, out, err, _ = emulate(["-n", "2", "--", ex, "--sp", "--dtype", "bf16", "--hidden", "64",
+                               "--ffn", "256", "--seq", "32"])
+    assert rc == 0, out + err
+    for name in ("output", "dx", "dw1", "db1", "dw2", "db2"):
+        assert re.search(rf"\[rank0\]: {name} +pass", out), out
