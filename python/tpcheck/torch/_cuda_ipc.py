@@ -83,14 +83,18 @@ class CudaExchange:
         return cur
 
     def put(self, seq: int, tensors: list[torch.Tensor]) -> dict:
+        with torch.cuda.device(self._dev):  # events and buffers on this rank's GPU
+            return self._put(seq, tensors)
+
+    def _put(self, seq: int, tensors: list[torch.Tensor]) -> dict:
         from ._backend import EmulateError
 
         self._seq = seq
         self._waited.clear()
         which = seq % 2
         stream = torch.cuda.current_stream(self._dev)
-        for handles in self._peer_done.values():
-            stream.wait_event(self._event(handles[which]))
+        for dev, handles in self._peer_done.values():
+            stream.wait_event(self._event(handles[which], dev))
         offs, off = [], 0
         for t in tensors:
             if t.device != self._dev:
@@ -109,10 +113,10 @@ class CudaExchange:
                 "done": [_b64(e.ipc_handle()) for e in self._done]}
 
     # ---- reading ---------------------------------------------------------------------------
-    def _event(self, h: str) -> torch.cuda.Event:
+    def _event(self, h: str, dev: int) -> torch.cuda.Event:
         ev = self._peer_events.get(h)
-        if ev is None:
-            ev = torch.cuda.Event.from_ipc_handle(self._dev, _unb64(h))
+        if ev is None:  # the device the event was made on (the peer's)
+            ev = torch.cuda.Event.from_ipc_handle(torch.device("cuda", dev), _unb64(h))
             self._peer_events[h] = ev
         return ev
 
@@ -126,7 +130,8 @@ class CudaExchange:
             base = self._peer_buffer(loc["share"])
             key = (which, loc["share"][1])
             if key not in self._waited:
-                torch.cuda.current_stream(self._dev).wait_event(self._event(loc["ready"][which]))
+                torch.cuda.current_stream(self._dev).wait_event(
+                    self._event(loc["ready"][which], loc["share"][0]))
                 self._waited.add(key)
         o = loc["offs"][index]
         v = base[o:o + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
@@ -148,7 +153,7 @@ class CudaExchange:
     def note_peers(self, recs: list[dict], me: int) -> None:
         for r, rec in enumerate(recs):
             if r != me and rec.get("loc", {}).get("cuda"):
-                self._peer_done[r] = rec["loc"]["done"]
+                self._peer_done[r] = (rec["loc"]["share"][0], rec["loc"]["done"])
 
     def finish(self) -> None:
         if self._seq >= 0:
