@@ -4,7 +4,7 @@ torch.distributed backend (issue 32), on the CPU (shared memory).
 Launches (each costs ~2 s of torch import per rank, so they are few): every collective of
 the issue at TP 4 (nccl-ring order) and TP 3 (rank order) against plain references and an
 independent numpy ring (emulate_workers/collectives.py); a Megatron-style column/row
-parallel MLP with and without sequence parallel at TP 1/2/4/8 and DTensor's
+parallel MLP and attention block with and without sequence parallel at TP 1/2/4/8 and DTensor's
 parallelize_module at TP 2/4 (emulate_workers/mlp.py); faults (a rank raises, exits,
 exits 0 early, is SIGKILLed, calls another collective or size); bad input. The package is
 the build tree's (ctest sets PYTHONPATH=build/python).
@@ -92,6 +92,9 @@ def test_megatron_mlp_and_dtensor(tp1, n):
         for k in ("y", "dx", "dw1", "dw2", "db2"):
             assert f"megatron TP {n}{sp} {k} vs TP 1" in names
     assert f"megatron TP {n} forward bits = ring model" in names
+    for sp in ("", " SP"):
+        for k in ("y", "dx", "dwq", "dwk", "dwo"):
+            assert f"megatron attention TP {n}{sp} {k} vs TP 1" in names
     if n in (2, 4):
         assert f"DTensor TP {n} dw2 vs TP 1" in names
 

@@ -111,3 +111,26 @@ def test_ring_reduce_rejects_bad_input():
         _tpcheck.ring_reduce([a, a], torch.zeros(4), "all_reduce", "xor", "nccl-ring", 0)
     with pytest.raises(ValueError, match="order 'tree'"):
         _tpcheck.ring_reduce([a, a], torch.zeros(4), "all_reduce", "sum", "tree", 0)
+
+
+def test_launcher_hook_mappings():
+    """What the launcher's start-up hook maps (docs/EMULATE.md's table)."""
+    import importlib.util
+    import os
+
+    import tpcheck
+
+    path = os.path.join(os.path.dirname(tpcheck.__file__), "torch", "_hook", "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("tpcheck_emulate_hook", path)
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    assert hook._map_backend(None) == "tpcheck"
+    assert hook._map_backend("nccl") == "tpcheck"
+    assert hook._map_backend("NCCL") == "tpcheck"
+    assert hook._map_backend("gloo") == "gloo"
+    assert hook._map_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:tpcheck"
+    assert hook._map_device(torch.device("cpu")) == torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    want = None if gpus == 0 else torch.device("cuda", 5 % gpus)
+    assert hook._map_device(torch.device("cuda", 5)) == want
+    assert hook._map_device(5) == want

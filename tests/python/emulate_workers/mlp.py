@@ -1,7 +1,10 @@
-"""A Megatron-style column -> gelu -> row parallel MLP, with and without sequence parallel,
+"""A Megatron-style column -> gelu -> row parallel MLP and attention block (QKV column
+parallel by heads, output projection row parallel), with and without sequence parallel,
 and PyTorch DTensor's parallelize_module (ColwiseParallel / RowwiseParallel), under
 `python -m tpcheck emulate -n N`. Written the way a user writes it: init_process_group
-("nccl"), torch.cuda.set_device(LOCAL_RANK), dist.get_rank().
+("nccl", device_id=cuda:LOCAL_RANK), torch.cuda.set_device(LOCAL_RANK), dist.get_rank()
+(on a machine without GPUs the launcher's hook drops device_id and makes set_device a
+no-op).
 
   python mlp.py OUTDIR [--dtensor]
 At TP 1 (one rank) it saves the unsharded results to OUTDIR/tp1.pt; at TP N it compares
@@ -26,9 +29,8 @@ OUT = sys.argv[1]
 DTENSOR = "--dtensor" in sys.argv
 SEQ, BATCH, HIDDEN, FFN = 16, 2, 32, 128
 
-dist.init_process_group("nccl")
-if torch.cuda.is_available():
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 R, N = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 W1 = torch.randn(FFN, HIDDEN) / HIDDEN ** 0.5
@@ -37,6 +39,9 @@ W2 = torch.randn(HIDDEN, FFN) / FFN ** 0.5
 B2 = torch.randn(HIDDEN) * 0.1
 X = torch.randn(SEQ, BATCH, HIDDEN)
 DY = torch.randn(SEQ, BATCH, HIDDEN)
+HEADS = 8
+WQ, WK, WV, WO = (torch.randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5 for _ in range(4))
+BO = torch.randn(HIDDEN) * 0.1
 
 
 # ---- Megatron's mappings (megatron/core/tensor_parallel/mappings.py, written anew) ----------
@@ -110,6 +115,38 @@ def megatron_mlp(sp: bool):
     return y, x.grad, w1.grad, b1.grad, w2.grad, b2.grad, a.detach()
 
 
+def attention(x, wq, wk, wv, wo, heads):
+    s, b, _ = x.shape
+    d = HIDDEN // HEADS
+
+    def split(t):  # [s, b, heads * d] -> [b, heads, s, d]
+        return t.view(s, b, heads, d).permute(1, 2, 0, 3)
+
+    q, k, v = split(F.linear(x, wq)), split(F.linear(x, wk)), split(F.linear(x, wv))
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.linear(a.permute(2, 0, 1, 3).reshape(s, b, heads * d), wo)
+
+
+def megatron_attention(sp: bool):
+    wq, wk, wv = (shard(w, 0).requires_grad_() for w in (WQ, WK, WV))  # heads of this rank
+    wo = shard(WO, 1).requires_grad_()
+    x = (shard(X, 0) if sp else X.clone()).requires_grad_()
+    h = GatherFromSP.apply(x) if sp else CopyToTP.apply(x)
+    partial = attention(h, wq, wk, wv, wo, HEADS // N)
+    y = (ReduceScatterToSP.apply(partial) if sp else ReduceFromTP.apply(partial)) + BO
+    y.backward(shard(DY, 0) if sp else DY)
+    return y, x.grad, wq.grad, wk.grad, wo.grad
+
+
+def single_attention():
+    wq, wk, wv, wo = (t.clone().requires_grad_() for t in (WQ, WK, WV, WO))
+    x = X.clone().requires_grad_()
+    y = attention(x, wq, wk, wv, wo, HEADS) + BO
+    y.backward(DY)
+    return {"attn_y": y.detach(), "attn_dx": x.grad, "attn_dwq": wq.grad, "attn_dwk": wk.grad,
+            "attn_dwo": wo.grad}
+
+
 def gather(t, dim):
     parts = [torch.empty_like(t) for _ in range(N)]
     dist.all_gather(parts, t.contiguous())
@@ -130,7 +167,7 @@ def close(name, got, want, rtol=2e-5, atol=2e-6):
 
 
 if N == 1:
-    torch.save(single(), os.path.join(OUT, "tp1.pt"))
+    torch.save({**single(), **single_attention()}, os.path.join(OUT, "tp1.pt"))
     print("ALL OK", flush=True)
     dist.destroy_process_group()
     sys.exit(0)
@@ -164,6 +201,16 @@ for sp in (False, True):
         dist.broadcast(ref0, 0)
         assert torch.equal(ref0, got[k]), f"{tag} {k}: ranks differ"
     print(f"OK {tag} ranks agree", flush=True)
+
+for sp in (False, True):
+    tag = f"megatron attention TP {N}{' SP' if sp else ''}"
+    y, dx, dwq, dwk, dwo = megatron_attention(sp)
+    if sp:
+        y, dx = gather(y, 0), gather(dx, 0)
+    got = {"attn_y": y.detach(), "attn_dx": dx, "attn_dwq": gather(dwq, 0),
+           "attn_dwk": gather(dwk, 0), "attn_dwo": gather(dwo, 1)}
+    for k in got:
+        close(f"{tag} {k[5:]} vs TP 1", got[k], tp1[k])
 
 if DTENSOR:
     from torch.distributed.device_mesh import init_device_mesh
