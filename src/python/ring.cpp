@@ -116,6 +116,28 @@ struct Fold {
   }
 };
 
+// The all-reduce's chunking as runs [begin, end) whose nccl-ring fold starts at
+// first_rank. Chunk indices rise within a loop of N*C elements and restart at the next
+// loop: each run's end is found by binary search over all_reduce_chunk_of (the model's).
+using Segments = std::vector<std::tuple<std::int64_t, std::int64_t, int>>;
+Segments segments_of(std::int64_t count, int world, DType dt, std::size_t chunk_bytes) {
+  Segments segs;
+  const std::int64_t loop = world * ring::chunk_elements(chunk_bytes, dt);
+  std::int64_t b = 0;
+  while (b < count) {
+    const int k = ring::all_reduce_chunk_of(b, count, world, dt, chunk_bytes);
+    std::int64_t lo = b, hi = std::min(count, (b / loop + 1) * loop);  // chunk k at lo
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (ring::all_reduce_chunk_of(mid, count, world, dt, chunk_bytes) == k) lo = mid;
+      else hi = mid;
+    }
+    segs.emplace_back(b, hi, (k + 1) % world);
+    b = hi;
+  }
+  return segs;
+}
+
 void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
                  const std::string& kind, const std::string& op_name, const std::string& order,
                  int rank, int root, std::size_t chunk_bytes) {
@@ -161,14 +183,12 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
   nb::gil_scoped_release release;
   if (kind == "all_reduce" || kind == "reduce") {
     if (m != count) throw std::invalid_argument(fmt::format("ring_reduce {}: out has {} elements, inputs {}", kind, m, count));
-    for (std::int64_t i = 0; i < count; ++i) {
-      int first = 0;
-      if (ring) {
-        const int k = kind == "reduce" ? root
-                                       : ring::all_reduce_chunk_of(i, count, n, f.dtype, chunk_bytes);
-        first = (k + 1) % n;
-      }
-      store(f.dtype, dst, i, f.run(i, first));
+    Segments segs;
+    if (!ring) segs.emplace_back(0, count, 0);
+    else if (kind == "reduce") segs.emplace_back(0, count, (root + 1) % n);
+    else segs = segments_of(count, n, f.dtype, chunk_bytes);
+    for (const auto& [b, e, first] : segs) {
+      for (std::int64_t i = b; i < e; ++i) store(f.dtype, dst, i, f.run(i, first));
     }
   } else if (kind == "reduce_scatter") {
     if (m * n != count) throw std::invalid_argument(fmt::format("ring_reduce reduce_scatter: out has {} elements, inputs {} for {} ranks", m, count, n));
@@ -200,28 +220,10 @@ std::vector<nb::object> ring_model(const std::string& kind, const std::vector<nb
   return out;
 }
 
-std::vector<std::tuple<std::int64_t, std::int64_t, int>> ring_segments(std::int64_t count, int world,
-                                                                      const std::string& dtype,
-                                                                      std::size_t chunk_bytes) {
-  const DType dt = parse_dtype(dtype);
-  std::vector<std::tuple<std::int64_t, std::int64_t, int>> segs;
+Segments ring_segments(std::int64_t count, int world, const std::string& dtype,
+                       std::size_t chunk_bytes) {
   if (world <= 0) throw nb::value_error("ring_segments: world must be positive");
-  // Chunk indices rise within a loop of N*C elements and restart at the next loop: find
-  // each run's end by binary search over all_reduce_chunk_of (the model's chunking).
-  const std::int64_t loop = world * ring::chunk_elements(chunk_bytes, dt);
-  std::int64_t b = 0;
-  while (b < count) {
-    const int k = ring::all_reduce_chunk_of(b, count, world, dt, chunk_bytes);
-    std::int64_t lo = b, hi = std::min(count, (b / loop + 1) * loop);  // [lo, hi): same k at lo
-    while (hi - lo > 1) {
-      const std::int64_t mid = lo + (hi - lo) / 2;
-      if (ring::all_reduce_chunk_of(mid, count, world, dt, chunk_bytes) == k) lo = mid;
-      else hi = mid;
-    }
-    segs.emplace_back(b, hi, (k + 1) % world);
-    b = hi;
-  }
-  return segs;
+  return segments_of(count, world, parse_dtype(dtype), chunk_bytes);
 }
 
 }  // namespace
