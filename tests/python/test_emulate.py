@@ -61,7 +61,7 @@ def test_every_collective(n, order, tmp_path):
     for want in ("all_reduce sum bf16", "all_reduce avg f16", "all_reduce max f32", "all_reduce min f32",
                  "all_reduce prod bf16", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                  "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
-                 "barrier", "isend/irecv", "coalesced all_reduce [1]",
+                 "barrier", "isend/irecv", "batch_isend_irecv", "coalesced all_reduce [1]",
                  "coalesced all_gather_into_tensor", "funcol.all_reduce", "funcol.all_gather_tensor",
                  "funcol.reduce_scatter_tensor", "funcol.all_to_all_single", "all_reduce async non-contiguous"):
         assert want in names, f"{want} not checked: {names}"

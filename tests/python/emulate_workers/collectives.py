@@ -162,6 +162,10 @@ sq = dist.isend(sendt, dst=nxt)
 rq.wait()
 sq.wait()
 expect_equal("isend/irecv", recvt, torch.full((4,), float(prv)))
+recvt = torch.empty(4, dtype=torch.bfloat16, device=DEV)
+for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, sendt, nxt), dist.P2POp(dist.irecv, recvt, prv)]):
+    w.wait()
+expect_equal("batch_isend_irecv", recvt, torch.full((4,), float(prv)))
 if R == 0:
     dist.send(D(torch.arange(5.0)), dst=N - 1)
 elif R == N - 1:
