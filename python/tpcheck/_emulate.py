@@ -155,6 +155,8 @@ def main(argv: list[str]) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = _supervise(procs, port, n)
+        if a.trace:
+            _write_ledger(base_env["TPCHECK_TRACE_DIR"], [q.pid for q in procs], a.comm_order)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -166,6 +168,35 @@ def main(argv: list[str]) -> int:
             t.join(timeout=2)
         _cleanup_shm(job)
     return code
+
+
+def _write_ledger(d: str, pids: list[int], order: str) -> None:
+    """--trace: one ledger of the launch (ledger.json, schema tpcheck.emulate/1): every
+    rank's collectives (comm.rank<r>.jsonl, written by the backend) and cuBLASLt GEMMs
+    (cublaslt.rank<r>.log, parsed as tpcheck.trace() does); each rank's GEMMs also as
+    gemms.rank<r>.json (tpcheck.trace/1), which `tpcheck diff` compares across runs."""
+    from . import _tpcheck
+
+    ranks = []
+    for r, pid in enumerate(pids):
+        rec = {"rank": r, "pid": pid, "collectives": [], "gemms": None}
+        comm = os.path.join(d, f"comm.rank{r}.jsonl")
+        if os.path.exists(comm):
+            with open(comm, encoding="utf-8") as f:
+                rec["collectives"] = [json.loads(line) for line in f if line.strip()]
+        log = os.path.join(d, f"cublaslt.rank{r}.log")
+        if os.path.exists(log) and os.path.getsize(log) > 0:
+            try:
+                ledger = json.loads(_tpcheck.trace_ledger([log], pid, False))
+                rec["gemms"] = ledger
+                with open(os.path.join(d, f"gemms.rank{r}.json"), "w", encoding="utf-8") as f:
+                    json.dump(ledger, f, indent=1)
+            except Exception as e:  # noqa: BLE001 - the ledger says what failed
+                rec["gemms_error"] = str(e)
+        ranks.append(rec)
+    with open(os.path.join(d, "ledger.json"), "w", encoding="utf-8") as f:
+        json.dump({"schema": "tpcheck.emulate/1", "world_size": len(pids), "comm_order": order,
+                   "ranks": ranks}, f, indent=1)
 
 
 def _signal(pr: subprocess.Popen, sig) -> None:

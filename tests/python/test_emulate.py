@@ -57,6 +57,9 @@ def test_every_collective(n, order, tmp_path):
             assert first["order"] == "rank" and first["algorithm"] == "rank-order"
             assert "collectives.py:" in first["at"]
             assert {"all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier"} <= {x["kind"] for x in recs}
+        ledger = json.loads((tmp_path / "ledger.json").read_text())
+        assert ledger["schema"] == "tpcheck.emulate/1" and ledger["comm_order"] == "rank"
+        assert [len(r["collectives"]) for r in ledger["ranks"]] == [len(recs)] * n
     names = ok_lines(out, 0)
     for want in ("all_reduce sum bf16", "all_reduce avg f16", "all_reduce max f32", "all_reduce min f32",
                  "all_reduce prod bf16", "all_gather", "all_gather_into_tensor", "reduce_scatter",

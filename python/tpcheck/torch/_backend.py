@@ -72,12 +72,16 @@ def _root_store(store):
     return store
 
 
+_SKIP_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
 def _call_site() -> str:
     """The first frame outside torch and tpcheck: where the user called the collective."""
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
-        if f"{os.sep}torch{os.sep}" not in fn and f"{os.sep}tpcheck{os.sep}" not in fn:
+        if not fn.startswith(_SKIP_DIRS) and not fn.startswith("<frozen"):
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return "?"
