@@ -134,3 +134,31 @@ def test_launcher_hook_mappings():
     want = None if gpus == 0 else torch.device("cuda", 5 % gpus)
     assert hook._map_device(torch.device("cuda", 5)) == want
     assert hook._map_device(5) == want
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_torch_fold_of_the_cuda_path_is_ring_reduce(n):
+    """The CUDA path's reductions (torch ops over _tpcheck.ring_segments, _cuda_ipc.py)
+    run here on CPU tensors: the same bits as ring_reduce, every kind, op and order."""
+    from tpcheck.torch._cuda_ipc import CudaExchange
+
+    for fmt in ("f32", "bf16", "f16"):
+        count = 24 * n + 8 * n  # a multiple of n for reduce_scatter
+        xs = inputs(n, count, fmt, seed=40 + n)
+        ts = [as_torch(x, fmt) for x in xs]
+        for op in ("sum", "avg", "max", "min", "prod"):
+            for order in ("nccl-ring", "rank"):
+                for kind, m in (("all_reduce", count), ("reduce_scatter", count // n), ("reduce", count)):
+                    rank, root = n - 1, 1 % n
+                    want = torch.empty(m, dtype=TORCH[fmt])
+                    _tpcheck.ring_reduce(ts, want, kind, op, order, rank, root)
+                    got = torch.empty(m, dtype=TORCH[fmt])
+                    CudaExchange.reduce_into(None, got, ts, kind, op, order, rank, root)
+                    np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{fmt} {op} {order} {kind}")
+    if n == 2:  # two loops of N x 512K f32 elements (2 MiB chunks) and a partial one
+        ts = [as_torch(x, "f32") for x in inputs(n, (1 << 20) * 2 + 1000, "f32", seed=5)]
+        want = torch.empty_like(ts[0])
+        _tpcheck.ring_reduce(ts, want, "all_reduce", "sum", "nccl-ring", 0)
+        got = torch.empty_like(ts[0])
+        CudaExchange.reduce_into(None, got, ts, "all_reduce", "sum", "nccl-ring", 0, 0)
+        np.testing.assert_array_equal(bits(got), bits(want))
