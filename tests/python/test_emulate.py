@@ -66,7 +66,8 @@ def test_every_collective(n, order, tmp_path):
                  "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
                  "barrier", "isend/irecv", "batch_isend_irecv", "coalesced all_reduce [1]",
                  "coalesced all_gather_into_tensor", "funcol.all_reduce", "funcol.all_gather_tensor",
-                 "funcol.reduce_scatter_tensor", "funcol.all_to_all_single", "all_reduce async non-contiguous"):
+                 "funcol.reduce_scatter_tensor", "funcol.all_to_all_single", "all_reduce async non-contiguous",
+                 "DDP"):
         assert want in names, f"{want} not checked: {names}"
     if n % 2 == 0:
         assert "new_group all_reduce" in names

@@ -224,6 +224,24 @@ if N % 2 == 0:
     dist.all_gather_into_tensor(out, D(xs[R]), group=mine)
     expect_equal("new_group all_gather", out, torch.cat([xs[p] for p in peers]))
 
+# DDP (its bucketed gradient all-reduce and its parameter broadcast)
+torch.manual_seed(0)
+lin = torch.nn.Linear(6, 3).to(DEV)
+ddp = torch.nn.parallel.DistributedDataParallel(lin)
+xs = [data(r, 24, torch.float32, salt=13).reshape(4, 6) for r in range(N)]
+ddp(D(xs[R])).sum().backward()
+want = torch.zeros(3, 6)
+for r in range(N):
+    ref_lin = torch.nn.Linear(6, 3)
+    ref_lin.load_state_dict({k: v.cpu() for k, v in lin.state_dict().items()})
+    ref_lin(xs[r]).sum().backward()
+    want += ref_lin.weight.grad / N
+torch.testing.assert_close(lin.weight.grad.cpu(), want, rtol=1e-5, atol=1e-6)
+g0 = lin.weight.grad.clone()
+dist.broadcast(g0, 0)
+assert torch.equal(g0, lin.weight.grad), "DDP gradients differ between ranks"
+print("OK DDP", flush=True)
+
 # tensors the backend cannot handle: an error naming them (every rank, before any exchange)
 for name, bad in (("sparse", torch.zeros(4).to_sparse()), ("fp8", D(torch.zeros(4, dtype=torch.float8_e4m3fn)))):
     try:
