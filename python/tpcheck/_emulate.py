@@ -2,11 +2,14 @@
 
 Starts N processes of CMD (a `.py` first word runs under this Python) with torchrun's
 environment, each rank's output prefixed `[rank<r>]: `, and its `tpcheck` start-up hook
-(torch/_hook/sitecustomize.py) first on PYTHONPATH. The launcher hosts the rendezvous store on
-MASTER_ADDR:MASTER_PORT itself (TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent
-does), so it can tell the ranks through it when one of them has gone.
+(torch/_hook/sitecustomize.py) first on PYTHONPATH. The launcher hosts the rendezvous store
+on MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent does):
+every collective of the backend goes through the store, so it must outlive every rank
+(hosted by rank 0 it would vanish while the others finish their last collective). It
+talks to the ranks through files of the job in /dev/shm: `events` (which ranks ended,
+and how) and `init-<rank>` (the rank initialized the process group).
 
-Faults: when a rank exits non-zero or is killed, the launcher records it in the store
+Faults: when a rank exits or is killed, the launcher appends it to the events file
 (the other ranks' collectives then fail naming it), waits up to 3 s for the others to end,
 then stops them (SIGTERM, SIGKILL 2 s later): every launch ends within ~6 s of the first
 failure. The exit status is the first failed rank's (128 + signal for a killed one); a
@@ -154,7 +157,7 @@ def main(argv: list[str]) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = _supervise(procs, port, n)
+        code = _supervise(procs, n, job, port)
         if a.trace:
             _write_ledger(base_env["TPCHECK_TRACE_DIR"], [q.pid for q in procs], a.comm_order)
     finally:
@@ -223,12 +226,47 @@ def _cleanup_shm(job: str) -> None:
                     pass
 
 
-def _supervise(procs, port: int, n: int) -> int:
+def job_file(name: str, job: str | None = None) -> str:
+    """A file of this launch in /dev/shm (removed with the others when the launch ends)."""
+    job = job or os.environ.get("TPCHECK_EMULATE_JOB", "nojob")
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return f"{base}/tpcheck-{job}-{name}"
+
+
+def read_events() -> list[dict]:
+    """The launcher's events ({"rank", "what"}) so far; [] outside a launch."""
+    if "TPCHECK_EMULATE_JOB" not in os.environ:
+        return []
+    try:
+        with open(job_file("events"), encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def mark_initialized(rank: int) -> None:
+    """Called in a rank when it has a process group (the launcher's end-of-run check)."""
+    if "TPCHECK_EMULATE_JOB" in os.environ:
+        with open(job_file(f"init-{rank}"), "w", encoding="utf-8"):
+            pass
+
+
+def _supervise(procs, n: int, job: str, port: int) -> int:
+    # Made after the ranks started (they spend their first seconds importing torch, and
+    # their store clients retry until it listens).
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", port, n, True, timedelta(seconds=60), wait_for_workers=False)
+    try:
+        return _watch(procs, n, job)
+    finally:
+        del store
+
+
+def _watch(procs, n: int, job: str) -> int:
+    events = job_file("events", job)
     done: dict[int, int] = {}
     first_fail = None  # (rank, code)
     fail_time = None
@@ -244,7 +282,8 @@ def _supervise(procs, port: int, n: int) -> int:
             ev = {"rank": r, "what": _status_text(code)}
             if code == 0:
                 ev["what"] = "exited (status 0)"
-            store.append("tpcheck/events", json.dumps(ev) + "\n")
+            with open(events, "a", encoding="utf-8") as f:  # one short write: atomic
+                f.write(json.dumps(ev) + "\n")
             if code != 0 and first_fail is None:
                 first_fail = (r, code)
                 fail_time = time.monotonic()
@@ -267,7 +306,7 @@ def _supervise(procs, port: int, n: int) -> int:
     if first_fail is not None:
         r, code = first_fail
         return 128 - code if code < 0 else code
-    never = [r for r in range(n) if not store.check([f"tpcheck/init/{r}"])]
+    never = [r for r in range(n) if not os.path.exists(job_file(f"init-{r}", job))]
     if never:
         print(f"tpcheck emulate: rank{'s' if len(never) > 1 else ''} "
               f"{', '.join(map(str, never))} never initialized the process group "

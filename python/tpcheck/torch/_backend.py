@@ -34,10 +34,9 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed import ReduceOp
 from torch.futures import Future
 
+from .._emulate import mark_initialized, read_events
 from ._shm import ShmExchange
 
-EVENTS_KEY = "tpcheck/events"
-INIT_KEY = "tpcheck/init/{rank}"
 
 _RING_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16}
 _COPY_ONLY_DTYPES = {
@@ -64,12 +63,6 @@ def comm_order() -> str:
     if order not in ("nccl-ring", "rank"):
         raise EmulateError(f"TPCHECK_COMM_ORDER={order!r}: expected nccl-ring or rank")
     return order
-
-
-def _root_store(store):
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    return store
 
 
 _SKIP_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -130,7 +123,6 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         global _groups
         _groups += 1
         self._store = store
-        self._root = _root_store(store)
         self._rank, self._size = rank, size
         self._timeout = timeout
         self._global = list(global_ranks) if global_ranks else list(range(size))
@@ -186,16 +178,22 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         return f"rank {g}" if g == r else f"rank {g} (rank {r} of group {self._global})"
 
     def _check_events(self, waiting_for: str):
-        if not self._root.check([EVENTS_KEY]):
-            return
-        events = self._root.get(EVENTS_KEY).decode(errors="replace")
-        for line in events.split("\n"):
-            if not line.strip():
-                continue
-            ev = json.loads(line)
+        for ev in read_events():
             if ev.get("rank") in self._global and ev.get("rank") != self._global[self._rank]:
                 raise EmulateError(f"rank {ev['rank']} {ev['what']} while rank "
                                    f"{self._global[self._rank]} waits in {waiting_for}")
+
+    def _check(self, keys: list[str], what: str) -> bool:
+        try:
+            return self._store.check(keys)
+        except (dist.DistError, RuntimeError) as e:
+            # The store is gone (the launcher's, or rank 0's without it): say which rank
+            # ended (the launcher's events come within its 20 ms poll) if one did.
+            for _ in range(50):
+                self._check_events(what)
+                time.sleep(0.02)
+            raise EmulateError(f"lost the rendezvous store while rank "
+                               f"{self._global[self._rank]} waits in {what}: {e}") from e
 
     def _wait(self, keys: list[str], what: str):
         """Polls the store until every key exists (a timed-out store.wait logs a C++
@@ -203,7 +201,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         start = time.monotonic()
         deadline = start + self._timeout.total_seconds()
         delay, next_events = 0.0, start + 0.2
-        while not self._store.check(keys):
+        while not self._check(keys, what):
             now = time.monotonic()
             if now > next_events:
                 self._check_events(what)
@@ -585,9 +583,7 @@ def _create(opts, backend_options=None):
     global_ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
     pg = TpcheckProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                              global_ranks or None, str(getattr(opts, "group_id", "") or ""))
-    root = _root_store(opts.store)
-    g = pg._global[opts.group_rank]
-    root.set(INIT_KEY.format(rank=g), "1")
+    mark_initialized(pg._global[opts.group_rank])
     return pg
 
 

@@ -8,8 +8,8 @@ several ranks per GPU (docs/EMULATE.md lists every mapping):
     style strings) and the default (None) become "tpcheck"; "gloo" stays gloo.
     device_id=cuda:i becomes cuda:(i mod the GPUs present), and is dropped without GPUs.
   * torch.cuda.set_device(i) sets GPU i mod the GPUs present (a no-op without GPUs).
-After init_process_group it records `tpcheck/init/<rank>` in the store, so that the
-launcher can say at exit which ranks never initialized the process group.
+After init_process_group it marks the rank initialized (a file of the launch), so that
+the launcher can say at exit which ranks never initialized the process group.
 A `sitecustomize` of the user's own further down sys.path is run afterwards.
 """
 
@@ -67,9 +67,9 @@ def _patch_c10d(m):
             kwargs["device_id"] = _map_device(kwargs["device_id"])
         out = orig_init(_map_backend(backend), *args, **kwargs)
         try:
-            from tpcheck.torch._backend import INIT_KEY, _root_store
+            from tpcheck._emulate import mark_initialized
 
-            _root_store(m._get_default_store()).set(INIT_KEY.format(rank=m.get_rank()), "1")
+            mark_initialized(m.get_rank())
         except Exception:  # noqa: BLE001 - the mark is only for the launcher's message
             pass
         return out
