@@ -388,6 +388,7 @@ NB_MODULE(_tpcheck, m) {
         "Runs a suite from {keyword: text}; returns (report JSON, console text, passed, "
         "failed, reports).");
   m.def("main", &main, "argv"_a, "The tpcheck command line; returns its exit code.");
+  void tpcheck_register_ring(nb::module_&); tpcheck_register_ring(m);  // ring.cpp (issue 32)
   m.def("make_nccl_id", &make_nccl_id_bytes, "A fresh NCCL unique id (128 bytes).");
   m.def("set_process_nccl_id", &set_process_nccl_id_bytes, "id"_a,
         "The NCCL id this process's launch shares (torchrun's store).");

@@ -264,6 +264,27 @@ if has python; then
   fi
 fi
 
+# Not in the default stages: `tpcheck emulate` (issue 32; NOT RUN YET) with CUDA tensors,
+# TP 2/4/8 ranks on this one GPU through CUDA IPC: every collective against its reference
+# (the same worker as CI's, --cuda), the example on the GPU, and bench/emulate_bench.py
+# --quick. Needs the packed Python package (pack_python.sh) and torch in python3.
+if has emulate; then
+  if [ -d "$root/.devrun/python/tpcheck" ]; then
+    export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
+    for n in 2 4 8; do
+      timed "emulate: every collective, cuda, TP $n" emulate_collectives_tp$n.log \
+        python3 -m tpcheck emulate -n $n -- "$root/tests/python/emulate_workers/collectives.py" --cuda
+      grep -E "ALL OK|Error|error" "$out/emulate_collectives_tp$n.log" | head -5 >>"$out/failures.txt"
+    done
+    timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
+      python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
+    timed "emulate: bench --quick" emulate_bench.log python3 "$root/bench/emulate_bench.py" --quick
+    cat "$out/emulate_example.log" "$out/emulate_bench.log" >>"$out/failures.txt"
+  else
+    row "emulate" "not packed: run tests/gpu/pack_python.sh here first" ""
+  fi
+fi
+
 # Not in the default stages: issue 7's calibration grid on the GPU (scripts/calibrate.py
 # --backend cuda): false alarms and detection per policy over seeds x TP x GEMM class x
 # size sets, many suite runs at once (they are host-bound). Resumes from

@@ -1,0 +1,199 @@
+"""bench/emulate_bench.py — the performance goals of issue 32 (`tpcheck emulate`), in one
+run, side by side. NOT RUN YET (written without a GPU); meant for one H200:
+
+    PYTHONPATH=build/python python bench/emulate_bench.py [--tp 2 4 8] [--quick]
+
+Prints a markdown table (date, GPU, commit) to append to bench/RESULTS.md:
+  1. MLP step (column -> gelu -> row, hidden 4096, ffn 16384, 4096 tokens, bf16, fwd+bwd):
+     TP 1 (one rank under `emulate -n 1`, the same process image), TP N under `emulate` on
+     the tpcheck backend, with and without sequence parallel, and the same under gloo
+     (`init_process_group("gloo")`, which the launcher leaves alone) as the anchor.
+     Goal: TP 8 <= 2x TP 1, SP <= 2.5x.
+  2. all_reduce / reduce_scatter_tensor / all_gather_into_tensor of 64 MiB bf16 per rank at
+     TP N on one GPU against the memory-bound ideal: every rank's input read once and
+     output written once, at the device copy bandwidth measured in the same run
+     (a 64 MiB copy_, read + write bytes / time). Goal: >= 50 %.
+  3. launch overhead: `emulate -n 8 -- python -c "import torch.distributed"` against
+     `torchrun --nproc-per-node 8` of the same (a file). Goal: within 1.2x.
+The worker half of this file runs inside the launched ranks (`--worker ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.abspath(__file__)
+
+
+# ---- worker (inside a rank) --------------------------------------------------------------------
+def worker(argv):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", required=True, choices=["mlp", "coll"])
+    p.add_argument("--backend", default="nccl")
+    p.add_argument("--sp", action="store_true")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--ffn", type=int, default=16384)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--mib", type=int, default=64)
+    a = p.parse_args(argv)
+    dist.init_process_group(a.backend)
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    r, n = dist.get_rank(), dist.get_world_size()
+    res = {}
+    if a.worker == "mlp":
+        H, FF, T = a.hidden, a.ffn, a.tokens
+        w1 = (torch.randn(FF // n, H, device=dev) / H ** 0.5).bfloat16().requires_grad_()
+        w2 = (torch.randn(H, FF // n, device=dev) / FF ** 0.5).bfloat16().requires_grad_()
+        x = torch.randn(T // n if a.sp else T, H, device=dev).bfloat16().requires_grad_()
+        dy = torch.randn_like(x)
+
+        def step():
+            if n > 1 and a.sp:
+                full = torch.empty(T, H, device=dev, dtype=x.dtype)
+                dist.all_gather_into_tensor(full, x.detach())
+                xf = full.requires_grad_()
+            else:
+                xf = x
+            h = F.gelu(F.linear(xf, w1), approximate="tanh")
+            y = F.linear(h, w2)
+            if n > 1:
+                if a.sp:
+                    out = torch.empty(T // n, H, device=dev, dtype=y.dtype)
+                    dist.reduce_scatter_tensor(out, y.detach())
+                else:
+                    dist.all_reduce(y.detach())
+            gy = torch.empty(T, H, device=dev, dtype=dy.dtype) if (n > 1 and a.sp) else dy
+            if n > 1 and a.sp:
+                dist.all_gather_into_tensor(gy, dy)
+            y.backward(gy)
+            if n > 1:
+                if a.sp:
+                    g = torch.empty(T // n, H, device=dev, dtype=xf.grad.dtype)
+                    dist.reduce_scatter_tensor(g, xf.grad)
+                else:
+                    dist.all_reduce(xf.grad)
+
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            step()
+        torch.cuda.synchronize()
+        dist.barrier()
+        res["step_ms"] = (time.perf_counter() - t0) / a.iters * 1e3
+    else:
+        count = a.mib * (1 << 20) // 2
+        src = torch.randn(count, device=dev).bfloat16()
+        dst = torch.empty_like(src)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        copy_s = (time.perf_counter() - t0) / a.iters
+        res["copy_GBps"] = 2 * src.numel() * 2 / copy_s / 1e9  # read + write
+        out_ag = torch.empty(count * n, device=dev, dtype=src.dtype)
+        out_rs = torch.empty(count // n, device=dev, dtype=src.dtype)
+        colls = {
+            "all_reduce": (lambda: dist.all_reduce(src), 2 * count * 2),
+            "reduce_scatter_tensor": (lambda: dist.reduce_scatter_tensor(out_rs, src), count * 2 + count * 2 // n),
+            "all_gather_into_tensor": (lambda: dist.all_gather_into_tensor(out_ag, src), count * 2 + n * count * 2),
+        }
+        for name, (fn, bytes_per_rank) in colls.items():
+            fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(a.iters):
+                fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            t = (time.perf_counter() - t0) / a.iters
+            # All n ranks share one GPU: the ideal moves every rank's bytes at the copy rate.
+            ideal = n * bytes_per_rank / (res["copy_GBps"] * 1e9)
+            res[name] = {"ms": t * 1e3, "ideal_ms": ideal * 1e3, "fraction": ideal / t}
+    if r == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+    dist.destroy_process_group()
+
+
+# ---- driver ------------------------------------------------------------------------------------
+def launch(n, args, env=None):
+    cmd = [sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), "--", sys.executable, HERE, *args]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    for line in p.stdout.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1]), wall
+    raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+
+
+def driver(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--quick", action="store_true", help="small MLP, 3 iterations (a smoke test)")
+    a = p.parse_args(argv)
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(HERE)).stdout.strip()
+    size = ["--hidden", "512", "--ffn", "2048", "--tokens", "512", "--iters", "3"] if a.quick else []
+    print(f"## tpcheck emulate ({datetime.datetime.utcnow():%Y-%m-%dT%H:%MZ}, {gpu}, commit {commit})\n")
+    base, _ = launch(1, ["--worker", "mlp", *size])
+    print("| MLP step (bf16 fwd+bwd) | TP | tpcheck ms | x TP 1 | gloo ms | gloo x TP 1 |")
+    print("|---|---|---|---|---|---|")
+    print(f"| TP 1 | 1 | {base['step_ms']:.2f} | 1.00 | | |")
+    for n in a.tp:
+        for sp in (False, True):
+            extra = ["--sp"] if sp else []
+            ours, _ = launch(n, ["--worker", "mlp", *size, *extra])
+            gloo, _ = launch(n, ["--worker", "mlp", "--backend", "gloo", *size, *extra])
+            print(f"| {'SP' if sp else 'TP'} | {n} | {ours['step_ms']:.2f} | "
+                  f"{ours['step_ms'] / base['step_ms']:.2f} | {gloo['step_ms']:.2f} | "
+                  f"{gloo['step_ms'] / base['step_ms']:.2f} |")
+    print("\n| collective, 64 MiB bf16 per rank | TP | ms | ideal ms | fraction of ideal |")
+    print("|---|---|---|---|---|")
+    for n in a.tp:
+        res, _ = launch(n, ["--worker", "coll", "--iters", "3" if a.quick else "10"])
+        for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
+            c = res[name]
+            print(f"| {name} | {n} | {c['ms']:.2f} | {c['ideal_ms']:.2f} | {c['fraction']:.2f} |")
+        print(f"| (copy bandwidth {res['copy_GBps']:.0f} GB/s, read + write) | {n} | | | |")
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write("import torch.distributed\n")
+        script = f.name
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "tpcheck", "emulate", "-n", "8", "--", sys.executable, "-c",
+                    "import torch.distributed"], capture_output=True)
+    ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                    script], capture_output=True)
+    theirs = time.perf_counter() - t0
+    os.unlink(script)
+    print(f"\nlaunch of 8 ranks importing torch.distributed: emulate {ours:.2f} s, torchrun "
+          f"{theirs:.2f} s ({ours / theirs:.2f}x)")
+
+
+if __name__ == "__main__":
+    if any(x.startswith("--worker") for x in sys.argv[1:]):
+        worker(sys.argv[1:])
+    else:
+        driver(sys.argv[1:])

@@ -1,0 +1,154 @@
+"""Start-up hook of `python -m tpcheck emulate` (its folder is put first on PYTHONPATH).
+
+Python imports `sitecustomize` at start-up. This one imports nothing heavy: it installs an
+import hook that, when (and only when) the program imports torch.distributed or torch.cuda,
+patches them so that an unchanged torchrun program runs on the `tpcheck` backend with
+several ranks per GPU (docs/EMULATE.md lists every mapping):
+  * init_process_group / new_group: the backend "nccl" (also inside "cuda:nccl,cpu:gloo"
+    style strings) and the default (None) become "tpcheck"; "gloo" stays gloo.
+    device_id=cuda:i becomes cuda:(i mod the GPUs present), and is dropped without GPUs.
+  * torch.cuda.set_device(i) sets GPU i mod the GPUs present (a no-op without GPUs).
+After init_process_group it marks the rank initialized (a file of the launch), so that
+the launcher can say at exit which ranks never initialized the process group.
+A `sitecustomize` of the user's own further down sys.path is run afterwards.
+"""
+
+import os
+import sys
+
+
+def _gpus():
+    import torch
+
+    try:
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no driver
+        return 0
+
+
+def _map_backend(backend):
+    if backend is None:
+        return "tpcheck"
+    b = str(backend)
+    parts = []
+    for p in b.split(","):
+        if ":" in p:
+            dev, name = p.split(":", 1)
+            parts.append(f"{dev}:{'tpcheck' if name.strip().lower() == 'nccl' else name}")
+        else:
+            parts.append("tpcheck" if p.strip().lower() in ("nccl", "undefined") else p)
+    return ",".join(parts)
+
+
+def _map_device(dev):
+    import torch
+
+    if dev is None:
+        return None
+    d = torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+    if d.type != "cuda":
+        return d
+    n = _gpus()
+    if n == 0:
+        return None
+    return torch.device("cuda", (d.index or 0) % n)
+
+
+def _patch_c10d(m):
+    import functools
+
+    orig_init, orig_new = m.init_process_group, m.new_group
+
+    @functools.wraps(orig_init)
+    def init_process_group(backend=None, *args, **kwargs):
+        import tpcheck.torch  # noqa: F401 - registers the backend
+
+        if "device_id" in kwargs:
+            kwargs["device_id"] = _map_device(kwargs["device_id"])
+        out = orig_init(_map_backend(backend), *args, **kwargs)
+        try:
+            from tpcheck._emulate import mark_initialized
+
+            mark_initialized(m.get_rank())
+        except Exception:  # noqa: BLE001 - the mark is only for the launcher's message
+            pass
+        return out
+
+    @functools.wraps(orig_new)
+    def new_group(*args, **kwargs):
+        import tpcheck.torch  # noqa: F401
+
+        if len(args) >= 3:
+            args = list(args)
+            args[2] = _map_backend(args[2]) if args[2] is not None else None
+        elif kwargs.get("backend") is not None:
+            kwargs["backend"] = _map_backend(kwargs["backend"])
+        return orig_new(*args, **kwargs)
+
+    m.init_process_group, m.new_group = init_process_group, new_group
+
+
+def _patch_cuda(m):
+    import functools
+
+    orig = m.set_device
+
+    @functools.wraps(orig)
+    def set_device(device):
+        import torch
+
+        d = _map_device(device if not isinstance(device, str) else torch.device(device))
+        if d is None:
+            return None
+        return orig(d)
+
+    m.set_device = set_device
+
+
+_PATCHES = {"torch.distributed.distributed_c10d": _patch_c10d, "torch.cuda": _patch_cuda}
+
+
+class _Hook:
+    """A meta-path finder that runs a patch right after a module's code has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _PATCHES:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+        patch = _PATCHES[name]
+
+        def run(module):
+            exec_module(module)
+            patch(module)
+
+        spec.loader.exec_module = run
+        return spec
+
+
+if os.environ.get("TPCHECK_EMULATE") == "1":
+    sys.meta_path.insert(0, _Hook())
+
+
+def _chain():
+    """Runs the next `sitecustomize` on sys.path (the user's), if there is one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.origin and os.path.dirname(spec.origin) != here:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+
+
+_chain()

@@ -1,0 +1,243 @@
+// ring.cpp — NCCL's ring reductions over raw buffers, for the `tpcheck` torch.distributed
+// backend (python/tpcheck/torch, issue 32): one process per rank, every rank's input mapped
+// into every process (shared memory), each rank computing its own output here.
+//
+//   ring_reduce(inputs, out, kind, op, order, rank, root, chunk_bytes)
+//       inputs: one DLPack array per rank (CPU, float dtypes, C-contiguous, equal numel and
+//       dtype); out: this rank's output (same dtype).
+//       kind "all_reduce":     out[i] = the fold of inputs[*][i]   (out.numel == in.numel)
+//       kind "reduce_scatter": out[j] = the fold of inputs[*][rank*B + j], B = out.numel
+//                                                                  (in.numel == N*B)
+//       kind "reduce":         like all_reduce, the chain of NCCL's ring reduce: it starts
+//                              at the rank after `root` and ends at `root` (nccl-ring)
+//       op: "sum", "avg" (NCCL's PreMulSum: every input times 1/N rounded to the dtype, then
+//       summed), "max", "min" (fmax/fmin: a NaN loses to a number), "prod".
+//       order "nccl-ring": the fold of element i starts at rank (k + 1) mod N and goes round
+//       the ring to rank k, k being the chunk that finishes at rank k — for all_reduce k is
+//       comm/ring_reference's `all_reduce_chunk_of(i, ...)` (the host model's own chunking,
+//       the one definition), for reduce_scatter the block, for reduce the root. Every step
+//       is rounded to the dtype (ring_reference.h says why a rounded f64 step is NCCL's).
+//       order "rank": the fold goes 0, 1, ..., N-1 for every element.
+//   ring_model(kind, inputs, op) -> list of numpy f64 arrays: the host model itself
+//       (ring::all_reduce / reduce_scatter / all_gather, op "sum" or "max"), every rank's
+//       result — for tests of ring_reduce against the model.
+//   ring_segments(count, world, dtype, chunk_bytes) -> [(begin, end, first_rank)]: the
+//       all-reduce's chunking as runs of elements whose nccl-ring fold starts at first_rank
+//       (for folds done elsewhere, e.g. by torch ops on a GPU), from all_reduce_chunk_of.
+// Errors: ValueError naming the argument. The work runs with the GIL released.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/ring_reference.h"
+#include "python/dlpack.h"
+#include "tpcheck/dtype.h"
+#include "tpcheck/error.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tpcheck::python {
+namespace {
+
+enum class Op { kSum, kAvg, kMax, kMin, kProd };
+
+Op parse_op(const std::string& op) {
+  if (op == "sum") return Op::kSum;
+  if (op == "avg") return Op::kAvg;
+  if (op == "max") return Op::kMax;
+  if (op == "min") return Op::kMin;
+  if (op == "prod" || op == "product") return Op::kProd;
+  throw nb::value_error(
+      fmt::format("ring: reduce op '{}' is not one of sum, avg, max, min, prod", op).c_str());
+}
+
+double load(DType dtype, const void* base, std::int64_t i) {
+  switch (dtype) {
+    case DType::kF64: return static_cast<const double*>(base)[i];
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kF16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kBF16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+    default: break;
+  }
+  TPCHECK_CHECK(false, "ring: dtype {} cannot be reduced", dtype_name(dtype));
+  return 0.0;
+}
+
+void store(DType dtype, void* base, std::int64_t i, double v) {
+  switch (dtype) {
+    case DType::kF64: static_cast<double*>(base)[i] = v; return;
+    case DType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); return;
+    case DType::kF16: static_cast<std::uint16_t*>(base)[i] = f64_to_f16_bits(v); return;
+    case DType::kBF16: static_cast<std::uint16_t*>(base)[i] = f64_to_bf16_bits(v); return;
+    default: break;
+  }
+  TPCHECK_CHECK(false, "ring: dtype {} cannot be reduced", dtype_name(dtype));
+}
+
+// v is already a value of the dtype (f64 holds f16/bf16/f32 values exactly), so rounding
+// the exact-in-f64 sum/product once gives the correctly rounded step (ring_reference.h).
+double combine(Op op, DType dtype, double acc, double x) {
+  switch (op) {
+    case Op::kMax: return std::fmax(acc, x);
+    case Op::kMin: return std::fmin(acc, x);
+    case Op::kProd: return round_to(dtype, acc * x);
+    default: return round_to(dtype, acc + x);
+  }
+}
+
+struct Fold {
+  Op op;
+  DType dtype;
+  std::vector<const void*> in;
+  double premul = 1.0;  // avg: round(1/N) in the dtype
+
+  double value(int r, std::int64_t i) const {
+    double v = load(dtype, in[r], i);
+    return op == Op::kAvg ? round_to(dtype, v * premul) : v;
+  }
+  // Fold element i over ranks first, first+1, ... (mod N).
+  double run(std::int64_t i, int first) const {
+    const int n = static_cast<int>(in.size());
+    double acc = value(first, i);
+    for (int s = 1; s < n; ++s) acc = combine(op, dtype, acc, value((first + s) % n, i));
+    return acc;
+  }
+};
+
+// The all-reduce's chunking as runs [begin, end) whose nccl-ring fold starts at
+// first_rank. Chunk indices rise within a loop of N*C elements and restart at the next
+// loop: each run's end is found by binary search over all_reduce_chunk_of (the model's).
+using Segments = std::vector<std::tuple<std::int64_t, std::int64_t, int>>;
+Segments segments_of(std::int64_t count, int world, DType dt, std::size_t chunk_bytes) {
+  Segments segs;
+  const std::int64_t loop = world * ring::chunk_elements(chunk_bytes, dt);
+  std::int64_t b = 0;
+  while (b < count) {
+    const int k = ring::all_reduce_chunk_of(b, count, world, dt, chunk_bytes);
+    std::int64_t lo = b, hi = std::min(count, (b / loop + 1) * loop);  // chunk k at lo
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (ring::all_reduce_chunk_of(mid, count, world, dt, chunk_bytes) == k) lo = mid;
+      else hi = mid;
+    }
+    segs.emplace_back(b, hi, (k + 1) % world);
+    b = hi;
+  }
+  return segs;
+}
+
+void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
+                 const std::string& kind, const std::string& op_name, const std::string& order,
+                 int rank, int root, std::size_t chunk_bytes) {
+  const int n = static_cast<int>(inputs.size());
+  if (n == 0) throw nb::value_error("ring_reduce: no inputs");
+  if (rank < 0 || rank >= n) throw nb::value_error(fmt::format("ring_reduce: rank {} of {}", rank, n).c_str());
+  const bool ring = order == "nccl-ring";
+  if (!ring && order != "rank") {
+    throw nb::value_error(fmt::format("ring_reduce: order '{}' is not nccl-ring or rank", order).c_str());
+  }
+  Fold f{parse_op(op_name), DType::kF64, {}, 1.0};
+  std::int64_t count = -1;
+  std::vector<WrappedArray> keep;
+  for (int r = 0; r < n; ++r) {
+    keep.push_back(wrap_array(inputs[r], fmt::format("inputs[{}]", r)));
+    const Tensor& t = keep.back().tensor;
+    if (t.device() != Device::kCpu) throw nb::value_error("ring_reduce: inputs must be CPU arrays");
+    if (r == 0) {
+      f.dtype = t.dtype();
+      count = t.numel();
+    } else if (t.dtype() != f.dtype || t.numel() != count) {
+      throw nb::value_error(fmt::format("ring_reduce: inputs[{}] is {} but inputs[0] is {}", r,
+                                        t.describe(), keep[0].tensor.describe())
+                                .c_str());
+    }
+    f.in.push_back(t.raw());
+  }
+  if (f.dtype != DType::kF64 && f.dtype != DType::kF32 && f.dtype != DType::kF16 &&
+      f.dtype != DType::kBF16) {
+    throw nb::type_error(fmt::format("ring_reduce: dtype {} cannot be reduced (f64, f32, f16, bf16)",
+                                     dtype_name(f.dtype))
+                             .c_str());
+  }
+  WrappedArray o = wrap_array(out, "out");
+  if (o.tensor.device() != Device::kCpu || o.tensor.dtype() != f.dtype) {
+    throw nb::value_error(fmt::format("ring_reduce: out is {}, expected a CPU {} array",
+                                      o.tensor.describe(), dtype_name(f.dtype))
+                              .c_str());
+  }
+  f.premul = round_to(f.dtype, 1.0 / n);
+  void* dst = o.tensor.raw();
+  const std::int64_t m = o.tensor.numel();
+  nb::gil_scoped_release release;
+  if (kind == "all_reduce" || kind == "reduce") {
+    if (m != count) throw std::invalid_argument(fmt::format("ring_reduce {}: out has {} elements, inputs {}", kind, m, count));
+    Segments segs;
+    if (!ring) segs.emplace_back(0, count, 0);
+    else if (kind == "reduce") segs.emplace_back(0, count, (root + 1) % n);
+    else segs = segments_of(count, n, f.dtype, chunk_bytes);
+    for (const auto& [b, e, first] : segs) {
+      for (std::int64_t i = b; i < e; ++i) store(f.dtype, dst, i, f.run(i, first));
+    }
+  } else if (kind == "reduce_scatter") {
+    if (m * n != count) throw std::invalid_argument(fmt::format("ring_reduce reduce_scatter: out has {} elements, inputs {} for {} ranks", m, count, n));
+    const int first = ring ? (rank + 1) % n : 0;
+    for (std::int64_t j = 0; j < m; ++j) store(f.dtype, dst, j, f.run(rank * m + j, first));
+  } else {
+    throw std::invalid_argument(fmt::format("ring_reduce: kind '{}' is not all_reduce, reduce_scatter or reduce", kind));
+  }
+}
+
+std::vector<nb::object> ring_model(const std::string& kind, const std::vector<nb::ndarray<>>& inputs,
+                                   const std::string& op_name) {
+  std::vector<Tensor> in;
+  for (std::size_t r = 0; r < inputs.size(); ++r) {
+    in.push_back(wrap_array(inputs[r], fmt::format("inputs[{}]", r)).tensor);
+  }
+  const Op op = parse_op(op_name);
+  if (kind != "all_gather" && op != Op::kSum && op != Op::kMax) {
+    throw nb::value_error("ring_model: the host model has sum and max only");
+  }
+  const ReduceOp rop = op == Op::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+  std::vector<Tensor> res;
+  if (kind == "all_reduce") res = ring::all_reduce(in, rop);
+  else if (kind == "reduce_scatter") res = ring::reduce_scatter(in, rop);
+  else if (kind == "all_gather") res = ring::all_gather(in);
+  else throw nb::value_error(fmt::format("ring_model: kind '{}'", kind).c_str());
+  std::vector<nb::object> out;
+  for (const Tensor& t : res) out.push_back(to_numpy(t));
+  return out;
+}
+
+Segments ring_segments(std::int64_t count, int world, const std::string& dtype,
+                       std::size_t chunk_bytes) {
+  if (world <= 0) throw nb::value_error("ring_segments: world must be positive");
+  return segments_of(count, world, parse_dtype(dtype), chunk_bytes);
+}
+
+}  // namespace
+}  // namespace tpcheck::python
+
+// Registered from module.cpp's NB_MODULE with one line.
+void tpcheck_register_ring(nb::module_& m) {
+  using namespace tpcheck::python;
+  m.def("ring_reduce", &ring_reduce, "inputs"_a, "out"_a, "kind"_a, "op"_a, "order"_a, "rank"_a,
+        "root"_a = 0, "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
+        "This rank's output of NCCL's ring reduction (or rank order) over every rank's buffer.");
+  m.def("ring_model", &ring_model, "kind"_a, "inputs"_a, "op"_a = "sum",
+        "The host model of NCCL's ring (comm/ring_reference): every rank's result, f64.");
+  m.def("ring_segments", &ring_segments, "count"_a, "world"_a, "dtype"_a,
+        "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
+        "The all-reduce's chunking as (begin, end, first_rank) runs.");
+}

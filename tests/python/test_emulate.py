@@ -1,0 +1,178 @@
+"""tests/python/test_emulate.py — `python -m tpcheck emulate` and the `tpcheck`
+torch.distributed backend (issue 32), on the CPU (shared memory).
+
+Launches (each costs ~2 s of torch import per rank, so they are few): every collective of
+the issue at TP 4 (nccl-ring order) and TP 3 (rank order) against plain references and an
+independent numpy ring (emulate_workers/collectives.py); a Megatron-style column/row
+parallel MLP and attention block with and without sequence parallel at TP 1/2/4/8 and DTensor's
+parallelize_module at TP 2/4 (emulate_workers/mlp.py); faults (a rank raises, exits,
+exits 0 early, is SIGKILLed, calls another collective or size); bad input. The package is
+the build tree's (ctest sets PYTHONPATH=build/python).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "emulate_workers")
+
+
+def emulate(args, timeout=240, cwd=None):
+    cmd = [sys.executable, "-m", "tpcheck", "emulate", *args]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return p.returncode, p.stdout, p.stderr, time.time()
+
+
+def ok_lines(out, rank):
+    return [line.split("OK ", 1)[1] for line in out.splitlines() if line.startswith(f"[rank{rank}]: OK ")]
+
+
+def assert_all_ok(rc, out, err, n):
+    assert rc == 0, f"rc {rc}\n{out[-3000:]}\n{err[-3000:]}"
+    for r in range(n):
+        assert f"[rank{r}]: ALL OK" in out, f"rank {r} did not finish\n{out[-2000:]}\n{err[-2000:]}"
+
+
+@pytest.mark.parametrize("n,order", [(4, "nccl-ring"), (3, "rank")])
+def test_every_collective(n, order, tmp_path):
+    trace = ["--trace", str(tmp_path)] if order == "rank" else []
+    rc, out, err, _ = emulate(["-n", str(n), "--comm-order", order, *trace, "--",
+                               os.path.join(WORKERS, "collectives.py")])
+    assert_all_ok(rc, out, err, n)
+    if trace:  # the per-rank ledger of collectives
+        for r in range(n):
+            recs = [json.loads(line) for line in (tmp_path / f"comm.rank{r}.jsonl").read_text().splitlines()]
+            first = recs[0]
+            assert first["kind"] == "all_reduce" and first["sig"]["dtypes"] == ["float32"]
+            assert first["sig"]["shapes"] == [[17, 61]] and first["bytes"] == 1037 * 4
+            assert first["order"] == "rank" and first["algorithm"] == "rank-order"
+            assert "collectives.py:" in first["at"]
+            assert {"all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier"} <= {x["kind"] for x in recs}
+        ledger = json.loads((tmp_path / "ledger.json").read_text())
+        assert ledger["schema"] == "tpcheck.emulate/1" and ledger["comm_order"] == "rank"
+        assert [len(r["collectives"]) for r in ledger["ranks"]] == [len(recs)] * n
+    names = ok_lines(out, 0)
+    for want in ("all_reduce sum bf16", "all_reduce avg f16", "all_reduce max f32", "all_reduce min f32",
+                 "all_reduce prod bf16", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                 "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
+                 "barrier", "isend/irecv", "batch_isend_irecv", "coalesced all_reduce [1]",
+                 "coalesced all_gather_into_tensor", "funcol.all_reduce", "funcol.all_gather_tensor",
+                 "funcol.reduce_scatter_tensor", "funcol.all_to_all_single", "all_reduce async non-contiguous",
+                 "DDP"):
+        assert want in names, f"{want} not checked: {names}"
+    if n % 2 == 0:
+        assert "new_group all_reduce" in names
+    assert any(s.startswith("refuses sparse") for s in names)
+    assert any(s.startswith("refuses fp8") for s in names)
+    assert "send/recv" in ok_lines(out, n - 1)
+
+
+@pytest.fixture(scope="module")
+def tp1(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mlp")
+    rc, out, err, _ = emulate(["-n", "1", "--", os.path.join(WORKERS, "mlp.py"), str(d)])
+    assert_all_ok(rc, out, err, 1)
+    return d
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_megatron_mlp_and_dtensor(tp1, n):
+    args = ["-n", str(n), "--", os.path.join(WORKERS, "mlp.py"), str(tp1)]
+    if n in (2, 4):
+        args.append("--dtensor")
+    rc, out, err, _ = emulate(args)
+    assert_all_ok(rc, out, err, n)
+    names = ok_lines(out, 0)
+    for sp in ("", " SP"):
+        for k in ("y", "dx", "dw1", "dw2", "db2"):
+            assert f"megatron TP {n}{sp} {k} vs TP 1" in names
+    assert f"megatron TP {n} forward bits = ring model" in names
+    for sp in ("", " SP"):
+        for k in ("y", "dx", "dwq", "dwk", "dwo"):
+            assert f"megatron attention TP {n}{sp} {k} vs TP 1" in names
+    if n in (2, 4):
+        assert f"DTensor TP {n} dw2 vs TP 1" in names
+
+
+def fault_run(mode, tmp_path):
+    rc, out, err, end = emulate(["-n", "2", "--", os.path.join(WORKERS, "faults.py"), mode, str(tmp_path)],
+                                timeout=120)
+    m = re.search(r"\[rank1\]: FAULT ([0-9.]+)", out)
+    assert m, f"no fault marker\n{out}\n{err}"
+    assert end - float(m.group(1)) < 10.0, f"took {end - float(m.group(1)):.1f} s to end after the fault"
+    for r in range(2):  # no process left
+        pid = int((tmp_path / f"pid{r}").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return rc, out, err
+
+
+def test_rank_raises(tmp_path):
+    rc, out, err = fault_run("raise", tmp_path)
+    assert rc == 1
+    assert "injected failure in rank 1" in err
+    assert "rank 1 exited with status 1" in err
+    # rank 0, blocked in all_reduce, names rank 1
+    assert re.search(r"\[rank0\]: .*rank 1 exited with status 1 while rank 0 waits in all_reduce", err), err
+
+
+def test_rank_exits(tmp_path):
+    rc, out, err = fault_run("exit", tmp_path)
+    assert rc == 3 and "rank 1 exited with status 3" in err
+
+
+def test_rank_exits_zero_early(tmp_path):
+    rc, out, err = fault_run("exit0", tmp_path)
+    assert rc == 1
+    assert re.search(r"\[rank0\]: .*rank 1 exited \(status 0\) while rank 0 waits in all_reduce", err), err
+
+
+def test_rank_killed(tmp_path):
+    rc, out, err = fault_run("kill", tmp_path)
+    assert rc == 128 + 9 and "rank 1 was killed by SIGKILL" in err
+
+
+def test_mismatched_collectives(tmp_path):
+    rc, out, err = fault_run("kind", tmp_path)
+    assert rc != 0
+    m = re.search(r"mismatched collectives at call #1 .*called (all_reduce|all_gather_into_tensor)\(.*"
+                  r"but rank \d called (all_reduce|all_gather_into_tensor)\(", err)
+    assert m and m.group(1) != m.group(2), err
+    assert "faults.py:" in err  # the call sites
+
+
+def test_mismatched_sizes(tmp_path):
+    rc, out, err = fault_run("size", tmp_path)
+    assert rc != 0
+    assert "all_reduce(float32[4], op=sum)" in err and "all_reduce(float32[5], op=sum)" in err, err
+
+
+def test_bad_input(tmp_path):
+    rc, out, err, _ = emulate(["-n", "0", "--", "true"])
+    assert rc != 0 and "-n 0" in err
+    rc, out, err, _ = emulate(["-n", "2"])
+    assert rc != 0 and "no command" in err
+    rc, out, err, _ = emulate(["-n", "2", "--", "no-such-command-tpcheck"])
+    assert rc == 127 and "command not found: no-such-command-tpcheck" in err
+    rc, out, err, _ = emulate(["-n", "2", "--", sys.executable, "-c", "print('hello')"])
+    assert rc == 1 and "[rank1]: hello" in out
+    assert "ranks 0, 1 never initialized the process group" in err
+
+
+def test_example_runs():
+    """examples/emulate_megatron_mlp.py, as a user runs it (TP 2, sequence parallel, bf16)."""
+    ex = os.path.join(HERE, "..", "..", "examples", "emulate_megatron_mlp.py")
+    rc, out, err, _ = emulate(["-n", "2", "--", ex, "--sp", "--dtype", "bf16", "--hidden", "64",
+                               "--ffn", "256", "--seq", "32"])
+    assert rc == 0, out + err
+    for name in ("output", "dx", "dw1", "db1", "dw2", "db2"):
+        assert re.search(rf"\[rank0\]: {name} +pass", out), out
