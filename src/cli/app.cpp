@@ -8,8 +8,10 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "cli/emulate.h"
 #include "cli/explain.h"
 #include "cli/log_tools.h"
 #include "cli/run_flags.h"
@@ -104,7 +106,12 @@ int mutations_command() {
 }
 
 int main_impl(int argc, char** argv) {
+  // Every argument after `emulate` belongs to the launcher (and the user's command).
+  if (argc >= 2 && std::string_view(argv[1]) == "emulate") emulate_command(argc, argv);
   CLI::App app{"tpcheck: does the tensor-parallel run compute what the single-device run computes?"};
+  app.footer(
+      "tpcheck emulate -n N [--comm-order nccl-ring|rank] [--trace DIR] -- CMD ARGS...\n"
+      "  runs your torch.distributed program at TP N on one GPU or the CPU (docs/EMULATE.md)");
   app.require_subcommand(0, 1);
   RunOptions args;  // run's and list's: only one subcommand is parsed
 

@@ -176,3 +176,20 @@ def test_example_runs():
     assert rc == 0, out + err
     for name in ("output", "dx", "dw1", "db1", "dw2", "db2"):
         assert re.search(rf"\[rank0\]: {name} +pass", out), out
+
+
+def test_program_hands_emulate_to_the_package():
+    """`tpcheck emulate ...` (the C++ program) runs `$TPCHECK_PYTHON -m tpcheck emulate ...`
+    with the same arguments; an interpreter that cannot start is named."""
+    cli = os.environ.get("TPCHECK_CLI")
+    if not cli:
+        pytest.skip("TPCHECK_CLI (the built tpcheck program) is not set")
+    env = dict(os.environ, TPCHECK_PYTHON=sys.executable)
+    p = subprocess.run([cli, "emulate", "-n", "2", "--", sys.executable, "-c", "print('hello')"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 1 and "[rank1]: hello" in p.stdout, p.stdout + p.stderr
+    assert "ranks 0, 1 never initialized the process group" in p.stderr
+    env["TPCHECK_PYTHON"] = "/no/such/python"
+    p = subprocess.run([cli, "emulate", "-n", "2", "--", "true"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 2 and "'/no/such/python' could not be started" in p.stderr, p.stderr
