@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 long=0
-fuzz_seconds=20
+fuzz_seconds=30
 for arg in "$@"; do
   case "$arg" in
     --long) long=1; fuzz_seconds=120 ;;
