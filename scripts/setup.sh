@@ -32,11 +32,13 @@ fi
 #   jax (x64, CPU)  autodiff reference for every layer
 #   ml_dtypes       bit-exact reference for the number formats
 #   safetensors, numpy, pytest
+#   torch           the tpcheck.torch package's tests (CPU tensors)
 # They go into .venv (Debian's own python3 refuses system-wide pip installs, PEP 668);
-# --system-site-packages reuses what the machine already has.
+# --system-site-packages reuses what the machine already has; --no-cache-dir keeps pip's
+# downloads (torch's are 3 GB) out of the home directory.
 root="$(cd "$(dirname "$0")/.." && pwd)"
 [ -x "$root/.venv/bin/python" ] || python3 -m venv --system-site-packages "$root/.venv"
-"$root/.venv/bin/python" -m pip install -q --disable-pip-version-check \
+"$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
   -r "$root/tests/python/requirements.txt"
 
 # cuDNN's header-only frontend (its C++ graph API) for the CUDA backend's fused attention
@@ -44,6 +46,6 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 # installed into .deps/, not into the venv, and without its dependencies.
 frontend="$root/.deps/cudnn-frontend"
 if [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
-  "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+  "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps \
     --target "$frontend" nvidia-cudnn-frontend==1.32.0
 fi
