@@ -340,7 +340,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   truth_options["params_dtype"] = "f64";
   RankResult truth, probed;
   // The rounding probe: the truth run once more with every stored intermediate perturbed
-  // by a relative kProbeU (ScopedRoundingProbe); (probed − truth) / kProbeU is each
+  // by a relative kProbeU (make_rounding_probe_backend); (probed − truth) / kProbeU is each
   // tensor's sensitivity to one rounding of everything it was computed from — the truth
   // policy's cancellation floor (kProbeU: see its definition above).
   // Truth never quantizes: it is the exact computation the recipes approximate. It
@@ -349,16 +349,8 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
     return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
                          config.seed, ex, nullptr);
   };
-  // On the CPU the backend perturbs its own f64 stores (ScopedRoundingProbe, on the
-  // calling thread); other backends' kernels cannot see that, so there the probe
-  // decorates the backend (make_rounding_probe_backend) and the probed run stays on the
-  // case's device.
+  // The probe decorates the run's backend, so the probed run stays on the case's device.
   const auto run_probed = [&] {
-    if (ex.backend == "cpu") {
-      ScopedRoundingProbe probe(kProbeU, config.seed);
-      return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
-                           config.seed, cpu_execution(), nullptr);
-    }
     Execution probe_ex = ex;
     probe_ex.make_backend = [&ex, seed = config.seed](int rank) {
       return make_rounding_probe_backend(ex.make_backend(rank), kProbeU, seed);
