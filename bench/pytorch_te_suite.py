@@ -9,7 +9,7 @@ same per-case flow as src/suite/runner.cpp and judge.cpp:
   * three runs: single (case dtype, unsharded), sharded (TP = N ranks, sequence parallel
     as the case says), truth (f64, unsharded), plus the truth run once more under a
     rounding probe (every f64 value an op produces multiplied by 1 + 2^-30·r, r uniform in
-    [-1, 1): tpcheck's ScopedRoundingProbe, here a TorchDispatchMode), whose difference
+    [-1, 1): tpcheck's rounding probe, here a TorchDispatchMode), whose difference
     from the truth is the truth policy's cancellation floor;
   * forward, the reference loss MSE(gathered output, target) (a returned bias and a
     returned layernorm output stay outside the loss), backward by torch.autograd;
@@ -749,7 +749,7 @@ def run_case_on(case, group, full, dtype, sp, probe=None):
 
 
 class RoundingProbe(TorchDispatchMode):
-    """tpcheck's ScopedRoundingProbe: every f64 value an op computes is multiplied by
+    """tpcheck's rounding probe: every f64 value an op computes is multiplied by
     (1 + u·r), r uniform in [-1, 1); views, copies and in-place ops are left alone."""
 
     _SKIP = {"clone", "_to_copy", "copy", "cat", "stack", "split", "split_with_sizes",

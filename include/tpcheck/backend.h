@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -325,6 +327,18 @@ class Backend {
   // loss gradient), which a decorator must not perturb or time.
   virtual Backend& undecorated() { return *this; }
 
+  // The order in which this backend's ops with several outputs store them. BackendWrapper
+  // hands an op's outputs to its hook in this order, so the rounding probe gives each
+  // value the stream position its store had: the probed bits follow the backend that
+  // computes. The default is the CUDA kernels' order (dx before the parameter gradients;
+  // a GEMM's C before its gelu aux, which cuBLASLt writes in one kernel); the CPU's loops
+  // store the other way round (cpu_backend.h).
+  struct StoreOrder {
+    bool norm_param_grads_first = false;  // norm_backward: dgamma, dbeta, then dx
+    bool gelu_aux_first = false;          // a GEMM with a gelu epilogue: aux, then C
+  };
+  virtual StoreOrder store_order() const { return {}; }
+
   void set_gemm_rule(const GemmClassRule& rule) { state_->gemm_rule = rule; }
   const GemmClassRule& gemm_rule() const { return state_->gemm_rule; }
   void set_rank(int rank) { state_->rank = rank; }
@@ -398,93 +412,153 @@ class Backend {
   std::shared_ptr<BackendState> state_ = std::make_shared<BackendState>();
 };
 
-// Forwards every op to a target backend and shares its state (rule, ledger, rank), so a
-// decorator (timing, recording) overrides only what it adds and cannot bypass the
-// target. GEMMs still pass the front end once: the wrapper's gemm() validates and
-// records, and its engine is the target's; attention composes the wrapper's primitives
-// and GEMMs, so a decorator sees its products as GEMMs.
+// ---- decorators ------------------------------------------------------------------------
+// The ops a BackendWrapper forwards, as its hook names them (op_name: the Backend method's
+// name). kBiasGelu* and kBiasResidualAdd reach the hook only from a wrapper that forwards
+// fusions (BackendWrapper::Fusions); otherwise their parts do.
+enum class Op {
+  kGemm,  // gemm, gemm_batched and attention's products: the engine (run_gemm)
+  kGemmQuantized,
+  kQuantize,
+  kAddBias,
+  kAccumulateBiasGrad,
+  kNormForward,
+  kNormBackward,
+  kActivationForward,
+  kActivationBackward,
+  kBiasGeluForward,
+  kBiasGeluBackward,
+  kBiasResidualAdd,
+  kAdd,
+  kAccumulate,
+  kScale,
+  kMseLoss,
+  kMseLossBackward,
+  kAttentionHeadsIn,
+  kAttentionHeadsOut,
+  kAttentionSoftmaxForward,
+  kAttentionSoftmaxBackward,
+  kFusedAttentionForward,
+  kFusedAttentionBackward,
+};
+std::string_view op_name(Op op);  // "gemm", "norm_backward", ...
+
+// One tensor an op wrote (or, accumulating, updated in place).
+struct OpOutput {
+  std::string_view name;  // the op's name for it: "c", "aux", "y", "mean", "rstd", "dx", ...
+  Tensor* tensor;         // defined; the op's own buffer, which a hook may change in place
+  // false for a layout copy (attention_heads_in): the input's stored values moved, nothing
+  // computed or rounded.
+  bool computed = true;
+};
+
+// One op as a BackendWrapper's hook sees it.
+struct OpCall {
+  OpCall(Op o, std::int64_t n, std::string_view gemm_site = {})
+      : op(o), elements(n), site(gemm_site) {}
+  Op op;
+  // The op's size, as the benchmark counts work: C's m·n for a GEMM (per product), else
+  // the element count of its activation input (x; add: a; bias grad: dy; softmax: the
+  // scores or dprobs; fused attention: q; bias_gelu: h; the residual join: out).
+  std::int64_t elements = 0;
+  std::string_view site;  // GEMMs: the ledger site; "" for the others
+  // after_op only: every tensor the op wrote, in the order the target stored them
+  // (Backend::store_order). Undefined tensors (RMSNorm's mean, a missing dbeta) and the
+  // bias gradient of an empty dy (nothing written) are left out. quantize's
+  // QuantizedData and mse_loss's scalar are not tensors: none.
+  std::span<const OpOutput> outputs;
+};
+
+// Forwards every op to a target backend and shares its state (rule, ledger, rank). A
+// decorator (the rounding probe, explain's recorder, the benchmark's timer) implements
+// the hook — before_op / after_op — and nothing else: the wrapper owns the forwarding,
+// so an op cannot reach the target without passing the hook. The op methods are final
+// for that reason; run_gemm, run_gemm_quantized and quantize stay overridable for
+// decorators that change what runs (explain's forced GEMM classes), and must call the
+// wrapper's version, which calls the hook.
+// GEMMs still pass the front end once: the wrapper's gemm() validates and records, and
+// its engine is the target's. Attention composes the wrapper's primitives and GEMMs, so
+// a hook sees its products as GEMMs; bias_gelu and the residual join are composed the same
+// way (the hook sees their parts), unless the wrapper forwards fusions.
+// Thread safety: like every Backend, one rank (thread) at a time.
 class BackendWrapper : public Backend {
  public:
-  explicit BackendWrapper(Backend& target) : target_(target) { adopt_state(target); }
+  // kCompose: bias_gelu_* and bias_residual_add run Backend's composition over the
+  // wrapper's own (hooked) primitives, so a decorator that perturbs or records each op
+  // sees the same ops with or without a fusing target. kForward: they go to the target's
+  // (possibly fused) version as one hooked op (the timer: it measures what runs).
+  enum class Fusions { kCompose, kForward };
+  explicit BackendWrapper(Backend& target, Fusions fusions = Fusions::kCompose)
+      : target_(target), fusions_(fusions) {
+    adopt_state(target);
+  }
 
   std::string_view name() const override { return target_.name(); }
   Backend& undecorated() override { return target_.undecorated(); }
   Device device() const override { return target_.device(); }
-  void add_bias(Tensor& y, const Tensor& bias) override { target_.add_bias(y, bias); }
+  StoreOrder store_order() const override { return target_.store_order(); }
+  void synchronize() override { target_.synchronize(); }
+
   std::shared_ptr<QuantizedData> quantize(const Tensor& x, const QuantizeOptions& options,
-                                          std::string_view what) override {
-    return target_.quantize(x, options, what);
-  }
-  void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override {
-    target_.accumulate_bias_grad(dy, dbias);
-  }
+                                          std::string_view what) override;
+  void add_bias(Tensor& y, const Tensor& bias) final;
+  void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) final;
   NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                           double eps, bool zero_centered_gamma) override {
-    return target_.norm_forward(kind, x, gamma, beta, eps, zero_centered_gamma);
-  }
+                           double eps, bool zero_centered_gamma) final;
   Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
                        const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
-                       Tensor& dbeta) override {
-    return target_.norm_backward(kind, dy, x, gamma, saved, zero_centered_gamma, dgamma, dbeta);
-  }
-  Tensor activation_forward(Activation act, const Tensor& x) override {
-    return target_.activation_forward(act, x);
-  }
-  Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override {
-    return target_.activation_backward(act, dy, x);
-  }
-  Tensor add(const Tensor& a, const Tensor& b) override { return target_.add(a, b); }
-  void accumulate(Tensor& into, const Tensor& x) override { target_.accumulate(into, x); }
-  Tensor scale(const Tensor& x, double s) override { return target_.scale(x, s); }
-  double mse_loss(const Tensor& y, const Tensor& target) override {
-    return target_.mse_loss(y, target);
-  }
-  Tensor mse_loss_backward(const Tensor& y, const Tensor& target) override {
-    return target_.mse_loss_backward(y, target);
-  }
-  void synchronize() override { target_.synchronize(); }
+                       Tensor& dbeta) final;
+  Tensor activation_forward(Activation act, const Tensor& x) final;
+  Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) final;
+  Tensor bias_gelu_forward(const Tensor& h, const Tensor& bias) final;
+  Tensor bias_gelu_backward(const Tensor& da, const Tensor& h, const Tensor& bias,
+                            Tensor& dbias) final;
+  Tensor bias_residual_add(const Tensor& out, const Tensor& bias, const Tensor& residual) final;
+  Tensor add(const Tensor& a, const Tensor& b) final;
+  void accumulate(Tensor& into, const Tensor& x) final;
+  Tensor scale(const Tensor& x, double s) final;
+  double mse_loss(const Tensor& y, const Tensor& target) final;
+  Tensor mse_loss_backward(const Tensor& y, const Tensor& target) final;
 
   Backend& target() { return target_; }
 
  protected:
-  void run_gemm(const GemmProblem& p, GemmRecord& record) override {
-    target_.run_gemm(p, record);
-  }
-  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override {
-    target_.run_gemm_quantized(p, record);
-  }
-  Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override {
-    return target_.attention_heads_in(x, heads);
-  }
-  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override {
-    return target_.attention_heads_out(x, batch, groups);
-  }
-  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override {
-    return target_.attention_softmax_forward(scores, mask);
-  }
-  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override {
-    return target_.attention_softmax_backward(dprobs, probs);
-  }
+  // The hook. before_op runs before the target's op (call.outputs empty), after_op after
+  // it returned (not when it threw), with what it wrote. They come in pairs and never
+  // nest: an op the wrapper forwards does not call back into the wrapper. The defaults do
+  // nothing.
+  virtual void before_op(const OpCall& call) {}
+  virtual void after_op(const OpCall& call) {}
+
+  void run_gemm(const GemmProblem& p, GemmRecord& record) override;
+  void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override;
+  Tensor attention_heads_in(const Tensor& x, std::int64_t heads) final;
+  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) final;
+  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) final;
+  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) final;
   bool run_fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const AttentionMask& mask, double scale, AttentionForward& out,
-                                   std::string& implementation) override {
-    return target_.run_fused_attention_forward(q, k, v, mask, scale, out, implementation);
-  }
+                                   std::string& implementation) final;
   AttentionGrads run_fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                               const Tensor& v, const AttentionForward& saved,
                                               const AttentionMask& mask, double scale,
-                                              std::string& implementation) override {
-    return target_.run_fused_attention_backward(dout, q, k, v, saved, mask, scale,
-                                                implementation);
-  }
-  // bias_gelu_forward / bias_gelu_backward and bias_residual_add are not forwarded: the
-  // wrapper runs Backend's composition over its own (forwarding, possibly decorated)
-  // primitives, so a decorator that perturbs or records each op sees the same ops with or
-  // without a fusing target.
+                                              std::string& implementation) final;
 
  private:
   void adopt_state(Backend& target) { state_ = target.state_; }
+  // after_op with `outputs` (undefined ones dropped) as call.outputs.
+  void report(OpCall& call, std::initializer_list<OpOutput> outputs);
+  // A GEMM's C and gelu aux in the target's store order.
+  void report_gemm(OpCall& call, Tensor& c, const GemmEpilogue& epilogue);
+  // The hooked forwarding of an op whose one output is the Tensor `run` returns
+  // (returned) or `t`, updated in place (updated); `name` is the output's name.
+  template <typename Run>
+  Tensor returned(Op op, std::int64_t elements, std::string_view name, Run&& run);
+  template <typename Run>
+  void updated(Op op, std::int64_t elements, std::string_view name, Tensor& t, Run&& run);
+
   Backend& target_;
+  Fusions fusions_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
@@ -497,36 +571,18 @@ int cpu_gemm_threads();
 // The CPU GEMM library and its build ("OpenBLAS 0.3.21 ..."), for reports.
 std::string cpu_gemm_library();
 
-namespace cpu {
-struct RoundingProbeState;
-}
-
-// The same probe as a decorator, for backends whose kernels cannot see the thread's
-// ScopedRoundingProbe (the CUDA backend): `target`'s ops run unchanged, then every f64
-// tensor an op wrote (GEMM outputs and gelu aux, norm outputs and statistics, activation,
-// bias, attention, elementwise results) is multiplied by (1 + u·r) where it lives, r from
-// a fixed stream keyed by `seed`. Copies are not perturbed. REQUIRES: 0 < u < 1.
+// The rounding probe (Monte-Carlo arithmetic) for the truth policy's cancellation floor
+// (docs/POLICIES.md), as a decorator: `target`'s ops run unchanged, then every f64 tensor
+// an op wrote (BackendWrapper's after_op: GEMM outputs and gelu aux, norm outputs,
+// statistics and gradients, activations, bias, attention, elementwise results) is
+// multiplied by (1 + u·r) where it lives, r uniform in [-1, 1) from a fixed stream keyed by
+// `seed` (random_math::probe_factor), taken in the order the ops stored the values. An f64
+// run under the probe, minus the plain f64 run, divided by u, is to first order the error
+// that one rounding of every stored intermediate causes — it follows the size of what was
+// summed, so it stays non-zero where the result cancels to zero (the attention key-bias
+// gradient). Layout copies are not perturbed, nor are collectives (not backend ops).
+// REQUIRES: 0 < u < 1.
 std::unique_ptr<Backend> make_rounding_probe_backend(std::unique_ptr<Backend> target, double u,
                                                      std::uint64_t seed);
-
-// A rounding probe (Monte-Carlo arithmetic) for the truth policy's cancellation floor
-// (docs/POLICIES.md): while one lives on this thread, the CPU backend multiplies every
-// f64 value an op stores by (1 + u·r), r uniform in [-1, 1) from a fixed stream keyed by
-// `seed`. An f64 run under the probe, minus the plain f64 run, divided by u, is to first
-// order the error that one rounding of every stored intermediate causes — it follows the
-// size of what was summed, so it stays non-zero where the result cancels to zero (the
-// attention key-bias gradient). Only f64 stores are perturbed; collectives are not.
-// REQUIRES: 0 < u < 1; no other probe alive on this thread (probes do not nest).
-// Thread safety: affects the constructing thread only.
-class ScopedRoundingProbe {
- public:
-  ScopedRoundingProbe(double u, std::uint64_t seed);
-  ~ScopedRoundingProbe();
-  ScopedRoundingProbe(const ScopedRoundingProbe&) = delete;
-  ScopedRoundingProbe& operator=(const ScopedRoundingProbe&) = delete;
-
- private:
-  std::unique_ptr<cpu::RoundingProbeState> state_;
-};
 
 }  // namespace tpcheck

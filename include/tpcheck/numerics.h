@@ -109,7 +109,7 @@ struct TensorComparison {
 
   // ---- the rounding probe (when one was given) ----
   // Statistics of the probe's noise tensor n (f64): n_i is what one rounding of every
-  // stored intermediate moves element i by, per unit roundoff (ScopedRoundingProbe). It
+  // stored intermediate moves element i by, per unit roundoff (make_rounding_probe_backend). It
   // follows the size of what was summed, so it stays non-zero where the truth cancels to
   // (nearly) zero.
   bool has_rounding_noise = false;

@@ -163,7 +163,7 @@ struct ComparedTensor {
   std::string kind;  // "output", "gradient" (a parameter's) or "input_gradient"
   int index = 0;     // the reference suite's index: position among the parameters (-1: none)
   Tensor single, sharded, truth;
-  // (truth run under a ScopedRoundingProbe − truth) / probe u, f64: what one rounding of
+  // (truth run under the rounding probe − truth) / probe u, f64: what one rounding of
   // every stored intermediate moves this tensor by, per unit roundoff.
   Tensor rounding_noise;
 };

@@ -1,5 +1,5 @@
 // random_math.h — the arithmetic of tpcheck's random streams, shared by the host (rng.cpp,
-// the CPU rounding probe) and the CUDA kernels (src/backend/cuda/random.cu), so the GPU
+// the rounding probe on CPU tensors) and the CUDA kernels (src/backend/cuda/random.cu), so the GPU
 // generates with the same Philox words and the same formulas as the host.
 //
 // Philox-4x32-10 and the (seed, name hash, index) → counter map are described in

@@ -1,6 +1,7 @@
 // explain/recorder.cpp — see recorder.h.
 #include "explain/recorder.h"
 
+#include <string>
 #include <utility>
 
 #include "tpcheck/error.h"
@@ -12,6 +13,37 @@ namespace {
 // (called next by run_rank, on the same thread) records into it.
 thread_local std::shared_ptr<Recording> t_current;
 thread_local const GemmForcing* t_forcing = nullptr;
+
+// The name an output is recorded under (explain_trail aligns the runs by it and shows it),
+// or "" for what the trail does not compare: a norm's saved statistics and a GEMM's gelu
+// aux (state for the backward, not a result), the layout copy into heads, quantization,
+// quantized GEMMs, fused attention, the fusions forwarded whole and the loss (the
+// harness's arithmetic, through undecorated()).
+std::string recorded_name(const OpCall& call, const OpOutput& out) {
+  switch (call.op) {
+    case Op::kGemm:
+      return out.name == "c" ? "gemm" : "";
+    case Op::kNormForward:
+      return out.name == "y" ? "norm_forward" : "";
+    case Op::kNormBackward:
+      return "norm_backward " + std::string(out.name);
+    case Op::kAccumulateBiasGrad:
+      return "bias_grad";
+    case Op::kAttentionSoftmaxForward:
+      return "attention_probs";
+    case Op::kAddBias:
+    case Op::kActivationForward:
+    case Op::kActivationBackward:
+    case Op::kAdd:
+    case Op::kAccumulate:
+    case Op::kScale:
+    case Op::kAttentionSoftmaxBackward:
+    case Op::kAttentionHeadsOut:
+      return std::string(op_name(call.op));
+    default:
+      return "";
+  }
+}
 
 struct OwnedBackend {
   std::unique_ptr<Backend> inner_;
@@ -26,84 +58,34 @@ class RecordingBackend final : private OwnedBackend, public BackendWrapper {
         recording_(std::move(recording)),
         forcing_(forcing) {}
 
-  void add_bias(Tensor& y, const Tensor& bias) override {
-    BackendWrapper::add_bias(y, bias);
-    keep("add_bias", y);
-  }
-  void accumulate_bias_grad(const Tensor& dy, Tensor& dbias) override {
-    BackendWrapper::accumulate_bias_grad(dy, dbias);
-    keep("bias_grad", dbias);
-  }
-  NormForward norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                           double eps, bool zero_centered_gamma) override {
-    NormForward f = BackendWrapper::norm_forward(kind, x, gamma, beta, eps, zero_centered_gamma);
-    keep("norm_forward", f.y);
-    return f;
-  }
-  Tensor norm_backward(NormKind kind, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                       const NormForward& saved, bool zero_centered_gamma, Tensor& dgamma,
-                       Tensor& dbeta) override {
-    Tensor dx = BackendWrapper::norm_backward(kind, dy, x, gamma, saved, zero_centered_gamma,
-                                              dgamma, dbeta);
-    keep("norm_backward dx", dx);
-    keep("norm_backward dgamma", dgamma);
-    if (dbeta.defined()) keep("norm_backward dbeta", dbeta);
-    return dx;
-  }
-  Tensor activation_forward(Activation act, const Tensor& x) override {
-    return keep("activation_forward", BackendWrapper::activation_forward(act, x));
-  }
-  Tensor activation_backward(Activation act, const Tensor& dy, const Tensor& x) override {
-    return keep("activation_backward", BackendWrapper::activation_backward(act, dy, x));
-  }
-  Tensor add(const Tensor& a, const Tensor& b) override {
-    return keep("add", BackendWrapper::add(a, b));
-  }
-  void accumulate(Tensor& into, const Tensor& x) override {
-    BackendWrapper::accumulate(into, x);
-    keep("accumulate", into);
-  }
-  Tensor scale(const Tensor& x, double s) override {
-    return keep("scale", BackendWrapper::scale(x, s));
-  }
-
  protected:
+  // Forcing: the named sites run with the forced class (and algorithm) instead.
   void run_gemm(const GemmProblem& p, GemmRecord& record) override {
     const GemmForcing::Target* forced = nullptr;
     if (forcing_ != nullptr && p.math_class != MathClass::kFp64) {
       auto it = forcing_->sites.find(std::string(p.site));
       if (it != forcing_->sites.end()) forced = &it->second;
     }
-    if (forced == nullptr) {
-      BackendWrapper::run_gemm(p, record);
-    } else {
-      GemmProblem q = p;
-      q.math_class = forced->math_class;
-      record.math_class = forced->math_class;
-      if (forced->algorithm) q.pin = &*forced->algorithm;
-      BackendWrapper::run_gemm(q, record);
+    if (forced == nullptr) return BackendWrapper::run_gemm(p, record);
+    GemmProblem q = p;
+    q.math_class = forced->math_class;
+    record.math_class = forced->math_class;
+    if (forced->algorithm) q.pin = &*forced->algorithm;
+    BackendWrapper::run_gemm(q, record);
+  }
+
+  // A host copy of each output (a copy: the op may write the tensor again later).
+  void after_op(const OpCall& call) override {
+    if (!recording_) return;
+    for (const OpOutput& out : call.outputs) {
+      std::string name = recorded_name(call, out);
+      if (name.empty()) continue;
+      const std::string site = call.op == Op::kGemm ? std::string(call.site) : std::string();
+      recording_->ops.push_back({std::move(name), site, out.tensor->to_host().clone()});
     }
-    if (recording_)
-      recording_->ops.push_back({"gemm", std::string(p.site), p.c->to_host().clone()});
-  }
-  Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override {
-    return keep("attention_probs", BackendWrapper::attention_softmax_forward(scores, mask));
-  }
-  Tensor attention_softmax_backward(const Tensor& dprobs, const Tensor& probs) override {
-    return keep("attention_softmax_backward",
-                BackendWrapper::attention_softmax_backward(dprobs, probs));
-  }
-  Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override {
-    return keep("attention_heads_out", BackendWrapper::attention_heads_out(x, batch, groups));
   }
 
  private:
-  // Appends a host copy of `t` (a copy: the op may write the tensor again later) and
-  // returns `t` itself.
-  Tensor keep(const char* op, Tensor t) {
-    if (recording_ && t.defined()) recording_->ops.push_back({op, "", t.to_host().clone()});
-    return t;
-  }
   std::shared_ptr<Recording> recording_;
   const GemmForcing* forcing_;
 };

@@ -2,12 +2,13 @@
 // force chosen GEMM sites to a numerical class (tpcheck explain).
 //
 // RecordingBackend wraps a rank's backend (a BackendWrapper: it shares the target's rule,
-// ledger and rank, and GEMMs still pass the one front end). After each op it copies the
-// op's result to the host and appends it to the run's Recording: GEMM outputs (C after the
-// call, named by site), norm outputs and input gradients, activations and their
-// gradients, attention probabilities and their gradient (the softmax primitives), bias
-// and elementwise results, accumulated gradients. RecordingCommunicator wraps the rank's
-// communicator and appends each collective's result.
+// ledger and rank, and GEMMs still pass the one front end). Its after_op hook copies the
+// op's results to the host and appends them to the run's Recording, in the order the
+// backend stored them: GEMM outputs (C after the call, named by site), norm outputs and
+// gradients, activations and their gradients, attention probabilities and their gradient
+// (the softmax primitives) and the heads' sum, bias and elementwise results, accumulated
+// gradients. RecordingCommunicator wraps the rank's communicator and appends each
+// collective's result.
 //
 // Forcing: a RecordingBackend given a GemmForcing runs the named sites with the forced
 // class (the problem's math_class, which the CPU engine emulates and the CUDA engine maps

@@ -1,5 +1,7 @@
-// run_case: one suite case, three runs (single, sharded, truth), every compared tensor
-// reassembled to its global shape.
+// run_case: one suite case, three runs (single, sharded, truth; the truth once more under
+// the rounding probe), every compared tensor reassembled to its global shape. Its parts:
+// UnshardedRuns (single, truth, probed), run_sharded (the group), RoundingNoise and
+// compared_tensors (per step); each run is run_rank (set_up_rank, then run_step per step).
 //
 // Data flow, identical in the three runs, once per training step (RunConfig::steps):
 //   global input ──(input layout)──▶ local input ─▶ layer.forward ─▶ local outputs
@@ -13,7 +15,10 @@
 // runner's own gathers are never mutated.
 #include <chrono>
 #include <future>
+#include <memory>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tpcheck/error.h"
@@ -132,77 +137,109 @@ Tensor shard_of(const Tensor& global, const ShardSpec& spec, const Communicator&
   return take_shard(global, spec, comm.rank(), comm.size());
 }
 
-// One run of the case on one rank of `comm` (size 1 for single and truth): `steps`
-// training steps.
-RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                    const GemmClassRule& rule, Mutation mutation, Recipe recipe, int steps,
-                    std::uint64_t seed, const Execution& execution, Communicator& group,
-                    Layouts* layouts) {
-  std::unique_ptr<Communicator> wrapped;
-  if (execution.wrap_communicator) wrapped = execution.wrap_communicator(group);
-  Communicator& comm = wrapped ? *wrapped : group;
-  std::unique_ptr<Backend> backend = execution.make_backend(comm.rank());
-  comm.clear_comm_ledger();  // a process group's communicator lives across cases
-  backend->set_gemm_rule(rule);
-  backend->set_rank(comm.rank());
-  const Device device = backend->device();
-  ModuleContext ctx{backend.get(), &comm, seed, mutation};
-  ctx.recipe = recipe;
-  std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{c.module, options}, ctx);
+// One run of a case: what run_rank needs besides the communicator.
+struct RunSpec {
+  const SuiteCase* c = nullptr;
+  nlohmann::json options;  // the layer's: the case's, or its unsharded / f64 twin
+  DType dtype = DType::kF32;
+  GemmClassRule rule;
+  Mutation mutation = Mutation::kNone;
+  Recipe recipe = Recipe::kNone;
+  int steps = 1;
+  std::uint64_t seed = 0;
+  const Execution* execution = nullptr;
+};
 
+// A rank's layer, built on the rank's backend, with its input and output layout.
+struct RankSetup {
+  std::unique_ptr<Communicator> wrapped;  // Execution::wrap_communicator's, if any
+  Communicator* comm = nullptr;           // wrapped, or the group's
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<AnyLayer> layer;
+  Tensor input;
+  OutputLayout layout;
+};
+
+RankSetup set_up_rank(const RunSpec& run, Communicator& group) {
+  RankSetup s;
+  const Execution& execution = *run.execution;
+  if (execution.wrap_communicator) s.wrapped = execution.wrap_communicator(group);
+  s.comm = s.wrapped ? s.wrapped.get() : &group;
+  Communicator& comm = *s.comm;
+  s.backend = execution.make_backend(comm.rank());
+  comm.clear_comm_ledger();  // a process group's communicator lives across cases
+  s.backend->set_gemm_rule(run.rule);
+  s.backend->set_rank(comm.rank());
+  ModuleContext ctx{s.backend.get(), &comm, run.seed, run.mutation};
+  ctx.recipe = run.recipe;
+  s.layer = make_layer(LayerSpec{run.c->module, run.options}, ctx);
   // Inputs are generated on the backend's device from global indices; outputs come back
   // to the host for the loss and the comparison.
-  Tensor input = generate(FillSpec::normal(0, 1), seed, "input", c.input_shape, dtype,
-                          layer->input_layout(), comm.rank(), comm.size(), device);
-  const OutputLayout layout = layer->output_layout();
+  s.input = generate(FillSpec::normal(0, 1), run.seed, "input", run.c->input_shape, run.dtype,
+                     s.layer->input_layout(), comm.rank(), comm.size(), s.backend->device());
+  s.layout = s.layer->output_layout();
+  return s;
+}
+
+// Training step `step` (1-based) of a rank: forward, the loss gradients of the gathered
+// outputs, backward.
+StepOutputs run_step(const RunSpec& run, RankSetup& s, int step) {
+  Communicator& comm = *s.comm;
+  AnyLayer& layer = *s.layer;
+  const OutputLayout& layout = s.layout;
+  const Device device = s.backend->device();
+  if (step > 1) {
+    // Between steps, identically in every run: the optimizer, then the next step's
+    // quantization state (delayed scaling's amax reduction and history update).
+    for (Parameter* p : layer.parameters()) {
+      sgd_update(*s.backend, *p, kSgdLearningRate);
+      zero_gradients(*p);
+    }
+    layer.update_scaling();
+  }
   // The results stay where they were computed (the comparison reads them there), unless
   // the execution asks for host copies. A device tensor outlives its backend: the
   // backend's destructor waits for its stream, so every result is complete by then.
-  const bool host = execution.results_on_host;
+  const bool host = run.execution->results_on_host;
   auto keep = [host](const Tensor& t) { return host && t.defined() ? t.to_host() : t; };
   auto local_grad = [&](const Tensor& g, const ShardSpec& spec) {
     const Tensor shard = shard_of(g, spec, comm);
     return shard.defined() ? shard.to_device(device) : shard;
   };
-  RankResult result;
-  for (int step = 1; step <= steps; ++step) {
-    if (step > 1) {
-      // Between steps, identically in every run: the optimizer, then the next step's
-      // quantization state (delayed scaling's amax reduction and history update).
-      for (Parameter* p : layer->parameters()) {
-        sgd_update(*backend, *p, kSgdLearningRate);
-        zero_gradients(*p);
-      }
-      layer->update_scaling();
-    }
-    LayerOutputs local = layer->forward(input);
-    LayerOutputs global;
-    global.output = gather_global(comm, local.output, layout.output);
-    if (local.bias.defined()) global.bias = gather_global(comm, local.bias, layout.bias);
-    if (local.layernorm_output.defined())
-      global.layernorm_output =
-          gather_global(comm, local.layernorm_output, layout.layernorm_output);
+  LayerOutputs local = layer.forward(s.input);
+  LayerOutputs global;
+  global.output = gather_global(comm, local.output, layout.output);
+  if (local.bias.defined()) global.bias = gather_global(comm, local.bias, layout.bias);
+  if (local.layernorm_output.defined())
+    global.layernorm_output = gather_global(comm, local.layernorm_output, layout.layernorm_output);
 
-    OutputGrads global_grads = loss_gradients(global, seed, c.loss, *backend);
-    OutputGrads grads{local_grad(global_grads.output, layout.output),
-                      local_grad(global_grads.bias, layout.bias),
-                      local_grad(global_grads.layernorm_output, layout.layernorm_output)};
-    StepOutputs out;
-    out.input_gradient = keep(layer->backward(grads));
-    if (layer->delays_wgrad()) layer->backward_dw();
-    out.outputs = host ? to_host(local) : local;
-    // The gradient buffers are zeroed and refilled by the next step: keep a copy then.
-    for (Parameter* p : layer->parameters()) {
-      out.gradients.push_back(keep(step < steps ? p->gradient().clone() : p->gradient()));
-    }
-    result.steps.push_back(std::move(out));
+  OutputGrads global_grads = loss_gradients(global, run.seed, run.c->loss, *s.backend);
+  OutputGrads grads{local_grad(global_grads.output, layout.output),
+                    local_grad(global_grads.bias, layout.bias),
+                    local_grad(global_grads.layernorm_output, layout.layernorm_output)};
+  StepOutputs out;
+  out.input_gradient = keep(layer.backward(grads));
+  if (layer.delays_wgrad()) layer.backward_dw();
+  out.outputs = host ? to_host(local) : local;
+  // The gradient buffers are zeroed and refilled by the next step: keep a copy then.
+  for (Parameter* p : layer.parameters()) {
+    out.gradients.push_back(keep(step < run.steps ? p->gradient().clone() : p->gradient()));
   }
-  result.gemms = backend->ledger().records();
-  result.comms = comm.comm_ledger();
+  return out;
+}
+
+// One run of the case on one rank of `group` (size 1 for single and truth): `run.steps`
+// training steps. `layouts`, when given, receives the layer's layouts and parameters.
+RankResult run_rank(const RunSpec& run, Communicator& group, Layouts* layouts) {
+  RankSetup s = set_up_rank(run, group);
+  RankResult result;
+  for (int step = 1; step <= run.steps; ++step) result.steps.push_back(run_step(run, s, step));
+  result.gemms = s.backend->ledger().records();
+  result.comms = s.comm->comm_ledger();
   if (layouts != nullptr) {
-    layouts->outputs = layout;
-    layouts->input = layer->input_layout();
-    for (Parameter* p : layer->parameters()) {
+    layouts->outputs = s.layout;
+    layouts->input = s.layer->input_layout();
+    for (Parameter* p : s.layer->parameters()) {
       layouts->param_names.push_back(p->name);
       layouts->param_shards.push_back(p->shard);
     }
@@ -210,12 +247,9 @@ RankResult run_rank(const SuiteCase& c, const nlohmann::json& options, DType dty
   return result;
 }
 
-RankResult run_unsharded(const SuiteCase& c, const nlohmann::json& options, DType dtype,
-                         const GemmClassRule& rule, Recipe recipe, int steps,
-                         std::uint64_t seed, const Execution& execution, Layouts* layouts) {
+RankResult run_unsharded(const RunSpec& run, Layouts* layouts) {
   std::unique_ptr<Communicator> comm = make_single_communicator();
-  return run_rank(c, options, dtype, rule, Mutation::kNone, recipe, steps, seed, execution,
-                  *comm, layouts);
+  return run_rank(run, *comm, layouts);
 }
 
 // Stands in for rank 0 of a group of `size` when layers are only constructed (which needs
@@ -326,160 +360,223 @@ void check_case(const SuiteCase& c, const RunConfig& config) {
 // f64 rounding (2⁻⁵²).
 constexpr double kProbeU = 0x1.0p-30;
 
-CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
-  const auto start = std::chrono::steady_clock::now();
+namespace {
 
-  // The unsharded twins: same options without tensor parallelism.
-  nlohmann::json unsharded = c.options;
-  unsharded["sequence_parallel"] = false;
-  Layouts layouts;
-  const Execution& ex = config.execution;
-  const int steps = config.steps;
-  TPCHECK_CHECK_INPUT(steps >= 1, "case {}: {} training steps; expected at least 1", c.id, steps);
-  nlohmann::json truth_options = unsharded;
-  truth_options["params_dtype"] = "f64";
-  RankResult truth, probed;
-  // The rounding probe: the truth run once more with every stored intermediate perturbed
-  // by a relative kProbeU (ScopedRoundingProbe); (probed − truth) / kProbeU is each
-  // tensor's sensitivity to one rounding of everything it was computed from — the truth
-  // policy's cancellation floor (kProbeU: see its definition above).
-  // Truth never quantizes: it is the exact computation the recipes approximate. It
-  // trains the same steps (in f64).
-  const auto run_truth = [&] {
-    return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
-                         config.seed, ex, nullptr);
-  };
-  // On the CPU the backend perturbs its own f64 stores (ScopedRoundingProbe, on the
-  // calling thread); other backends' kernels cannot see that, so there the probe
-  // decorates the backend (make_rounding_probe_backend) and the probed run stays on the
-  // case's device.
-  const auto run_probed = [&] {
-    if (ex.backend == BackendKind::kCpu) {
-      ScopedRoundingProbe probe(kProbeU, config.seed);
-      return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
-                           config.seed, cpu_execution(), nullptr);
-    }
-    Execution probe_ex = ex;
-    probe_ex.make_backend = [&ex, seed = config.seed](int rank) {
+// The unsharded runs of a case: single (the case's dtype, GEMM rule and recipe, without
+// tensor parallelism), truth and the probed truth.
+// Truth never quantizes: it is the exact computation the recipes approximate. It trains
+// the same steps, in f64 with fp64 GEMMs.
+// The rounding probe: the truth run once more with every stored intermediate perturbed by
+// a relative kProbeU (make_rounding_probe_backend decorates the run's backend, so the
+// probed run stays on the case's device); (probed − truth) / kProbeU is each tensor's
+// sensitivity to one rounding of everything it was computed from — the truth policy's
+// cancellation floor (kProbeU: see its definition above).
+// Started before the sharded group and collected after it: one after the other when
+// started, or (Execution::concurrent_unsharded_runs, small cases) each on a thread of its
+// own while the caller runs the sharded group. A future of std::async waits for its task
+// when destroyed (the futures are the last members, destroyed first), so an exception
+// leaves no thread running on this object's members.
+class UnshardedRuns {
+ public:
+  UnshardedRuns(const SuiteCase& c, const RunConfig& config) : config_(config) {
+    single_ = RunSpec{.c = &c,
+                      .options = c.options,
+                      .dtype = c.dtype,
+                      .rule = config.gemm_rule,
+                      .mutation = Mutation::kNone,
+                      .recipe = config.recipe,
+                      .steps = config.steps,
+                      .seed = config.seed,
+                      .execution = &config.execution};
+    single_.options["sequence_parallel"] = false;
+    truth_ = single_;
+    truth_.options["params_dtype"] = "f64";
+    truth_.dtype = DType::kF64;
+    truth_.rule = GemmClassRule{};
+    truth_.recipe = Recipe::kNone;
+    probe_execution_ = config.execution;
+    probe_execution_.make_backend = [&ex = config.execution, seed = config.seed](int rank) {
       return make_rounding_probe_backend(ex.make_backend(rank), kProbeU, seed);
     };
-    return run_unsharded(c, truth_options, DType::kF64, GemmClassRule{}, Recipe::kNone, steps,
-                         config.seed, probe_ex, nullptr);
-  };
-  const auto run_single = [&] {
-    return run_unsharded(c, unsharded, c.dtype, config.gemm_rule, config.recipe, steps,
-                         config.seed, ex, &layouts);
-  };
-  // The three unsharded runs one after the other here, or (Execution::
-  // concurrent_unsharded_runs, small cases) each on a thread of its own from here on while
-  // this thread runs the sharded group, collected after it. A future of std::async waits
-  // for its task when destroyed, so an exception leaves no thread running on this
-  // frame's variables.
-  const bool concurrent = ex.concurrent_unsharded_runs && !config.skip_truth &&
-                          shape_numel(c.input_shape) <= kConcurrentRunsMaxElements;
-  RankResult single;
-  std::future<RankResult> single_future, truth_future, probed_future;
-  if (concurrent) {
-    single_future = std::async(std::launch::async, run_single);
-    truth_future = std::async(std::launch::async, run_truth);
-    probed_future = std::async(std::launch::async, run_probed);
-  } else {
-    single = run_single();
-    if (config.skip_truth) {
-      for (RankResult* r : {&truth, &probed}) {
-        r->steps.resize(steps);
-        for (StepOutputs& o : r->steps) o.gradients.resize(layouts.param_names.size());
-      }
-    } else {
-      truth = run_truth();
-      probed = run_probed();
+    probed_ = truth_;
+    probed_.execution = &probe_execution_;
+    start(c);
+  }
+  UnshardedRuns(const UnshardedRuns&) = delete;
+  UnshardedRuns& operator=(const UnshardedRuns&) = delete;
+
+  // The results, waiting for the runs on threads. `layouts` (single's) stays with this
+  // object. REQUIRES: called once.
+  void collect(RankResult& single, RankResult& truth, RankResult& probed) {
+    if (concurrent_) {
+      single_result_ = single_future_.get();
+      truth_result_ = truth_future_.get();
+      probed_result_ = probed_future_.get();
+    }
+    single = std::move(single_result_);
+    truth = std::move(truth_result_);
+    probed = std::move(probed_result_);
+  }
+  const Layouts& layouts() const { return layouts_; }
+
+ private:
+  void start(const SuiteCase& c) {
+    concurrent_ = config_.execution.concurrent_unsharded_runs && !config_.skip_truth &&
+                  shape_numel(c.input_shape) <= kConcurrentRunsMaxElements;
+    if (concurrent_) {
+      single_future_ =
+          std::async(std::launch::async, [this] { return run_unsharded(single_, &layouts_); });
+      truth_future_ =
+          std::async(std::launch::async, [this] { return run_unsharded(truth_, nullptr); });
+      probed_future_ =
+          std::async(std::launch::async, [this] { return run_unsharded(probed_, nullptr); });
+      return;
+    }
+    single_result_ = run_unsharded(single_, &layouts_);
+    if (!config_.skip_truth) {
+      truth_result_ = run_unsharded(truth_, nullptr);
+      probed_result_ = run_unsharded(probed_, nullptr);
+      return;
+    }
+    for (RankResult* r : {&truth_result_, &probed_result_}) {
+      r->steps.resize(config_.steps);
+      for (StepOutputs& o : r->steps) o.gradients.resize(layouts_.param_names.size());
     }
   }
-  // n = (probed − truth) / kProbeU, on the device the runs' results are on: the
-  // subtraction rounds once in f64 and the division by a power of two is exact, so the
-  // bits are the host loop's (−truth and the scaling are exact).
-  std::unique_ptr<Backend> arithmetic;
-  if (!config.skip_truth) {
-    const bool on_host = ex.backend == BackendKind::kCpu || ex.results_on_host;
-    arithmetic = on_host ? make_cpu_backend() : ex.make_backend(0);
-  }
-  auto noise_of = [&arithmetic](const Tensor& p, const Tensor& t) {
-    if (!t.defined()) return Tensor();
-    return arithmetic->scale(arithmetic->add(p, arithmetic->scale(t, -1.0)), 1.0 / kProbeU);
-  };
 
+  const RunConfig& config_;
+  RunSpec single_, truth_, probed_;
+  Execution probe_execution_;
+  Layouts layouts_;
+  bool concurrent_ = false;
+  RankResult single_result_, truth_result_, probed_result_;
+  std::future<RankResult> single_future_, truth_future_, probed_future_;
+};
+
+// The sharded group: config.tp ranks of the case as given. `layouts` receives rank 0's
+// (every rank's when each is a process of its own).
+std::vector<RankResult> run_sharded(const SuiteCase& c, const RunConfig& config, Layouts& layouts) {
+  const Execution& ex = config.execution;
+  const RunSpec run{.c = &c,
+                    .options = c.options,
+                    .dtype = c.dtype,
+                    .rule = config.gemm_rule,
+                    .mutation = config.mutation,
+                    .recipe = config.recipe,
+                    .steps = config.steps,
+                    .seed = config.seed,
+                    .execution = &ex};
   std::vector<RankResult> ranks(config.tp);
-  Layouts sharded_layouts;
   ex.launch_group(config.tp, [&](Communicator& comm) {
-    Layouts* mine = comm.rank() == 0 || ex.one_process_per_rank ? &sharded_layouts : nullptr;
-    ranks[comm.rank()] = run_rank(c, c.options, c.dtype, config.gemm_rule, config.mutation,
-                                  config.recipe, steps, config.seed, ex, comm, mine);
+    Layouts* mine = comm.rank() == 0 || ex.one_process_per_rank ? &layouts : nullptr;
+    ranks[comm.rank()] = run_rank(run, comm, mine);
     if (ex.one_process_per_rank && comm.size() > 1) {
       share_results(comm, ex.backend == BackendKind::kCuda ? Device::kCuda : Device::kCpu, ranks);
     }
   });
+  return ranks;
+}
 
-  if (concurrent) {
-    single = single_future.get();
-    truth = truth_future.get();
-    probed = probed_future.get();
+// n = (probed − truth) / kProbeU, on the device the runs' results are on: the subtraction
+// rounds once in f64 and the division by a power of two is exact, so the bits are the
+// host loop's (−truth and the scaling are exact). Undefined without truth.
+class RoundingNoise {
+ public:
+  explicit RoundingNoise(const RunConfig& config) {
+    if (config.skip_truth) return;
+    const Execution& ex = config.execution;
+    const bool on_host = ex.backend == BackendKind::kCpu || ex.results_on_host;
+    arithmetic_ = on_host ? make_cpu_backend() : ex.make_backend(0);
+  }
+  Tensor operator()(const Tensor& probed, const Tensor& truth) const {
+    if (!truth.defined()) return Tensor();
+    return arithmetic_->scale(arithmetic_->add(probed, arithmetic_->scale(truth, -1.0)),
+                              1.0 / kProbeU);
   }
 
-  TPCHECK_CHECK(sharded_layouts.param_names == layouts.param_names,
+ private:
+  std::unique_ptr<Backend> arithmetic_;
+};
+
+// Every run's results of one case, as run_case collected them.
+struct CaseResults {
+  RankResult single, truth, probed;
+  std::vector<RankResult> ranks;             // the sharded group's, by rank
+  const Layouts* layouts = nullptr;          // single's (parameter names)
+  const Layouts* sharded_layouts = nullptr;  // the sharded group's (output and shard layouts)
+};
+
+// The compared tensors of step `step` (0-based): outputs, the input gradient and every
+// parameter gradient, the sharded ones reassembled to their global shape.
+std::vector<ComparedTensor> compared_tensors(const CaseResults& r, int step,
+                                             const RoundingNoise& noise_of) {
+  std::vector<ComparedTensor> tensors;
+  const OutputLayout& out = r.sharded_layouts->outputs;
+  const StepOutputs& sg = r.single.steps[step];
+  const StepOutputs& tr = r.truth.steps[step];
+  const StepOutputs& pr = r.probed.steps[step];
+  auto gather = [&](auto member, const ShardSpec& spec) {
+    std::vector<Tensor> shards;
+    for (const RankResult& rank : r.ranks) shards.push_back(member(rank.steps[step]));
+    return assemble_shards(shards, spec);
+  };
+  // `member` picks the tensor out of a run's StepOutputs; `spec` reassembles the ranks'.
+  auto add = [&](std::string name, std::string kind, int index, const ShardSpec& spec,
+                 auto member) {
+    const Tensor t = member(tr);
+    tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, member(sg),
+                                     gather(member, spec), t, noise_of(member(pr), t)});
+  };
+  add("output", "output", -1, out.output, [](const StepOutputs& o) { return o.outputs.output; });
+  if (sg.outputs.bias.defined()) {
+    add("bias", "output", -1, out.bias, [](const StepOutputs& o) { return o.outputs.bias; });
+  }
+  if (sg.outputs.layernorm_output.defined()) {
+    add("layernorm_output", "output", -1, out.layernorm_output,
+        [](const StepOutputs& o) { return o.outputs.layernorm_output; });
+  }
+  // The gradient that flows to the previous layer: reassembled like the input
+  // (token-sharded under sequence parallel, replicated otherwise).
+  add("input", "input_gradient", -1, r.sharded_layouts->input,
+      [](const StepOutputs& o) { return o.input_gradient; });
+  const std::vector<std::string>& names = r.layouts->param_names;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    add(names[i], "gradient", static_cast<int>(i), r.sharded_layouts->param_shards[i],
+        [i](const StepOutputs& o) { return o.gradients[i]; });
+  }
+  return tensors;
+}
+
+}  // namespace
+
+CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
+  const auto start = std::chrono::steady_clock::now();
+  TPCHECK_CHECK_INPUT(config.steps >= 1, "case {}: {} training steps; expected at least 1", c.id,
+                      config.steps);
+  CaseResults r;
+  UnshardedRuns unsharded(c, config);
+  const RoundingNoise noise_of(config);
+  Layouts sharded_layouts;
+  r.ranks = run_sharded(c, config, sharded_layouts);
+  unsharded.collect(r.single, r.truth, r.probed);
+  r.layouts = &unsharded.layouts();
+  r.sharded_layouts = &sharded_layouts;
+  TPCHECK_CHECK(sharded_layouts.param_names == r.layouts->param_names,
                 "case {}: sharded and single layers have different parameters ({} vs {})", c.id,
-                fmt::join(sharded_layouts.param_names, ", "), fmt::join(layouts.param_names, ", "));
+                fmt::join(sharded_layouts.param_names, ", "),
+                fmt::join(r.layouts->param_names, ", "));
 
   CaseRun run;
-  const OutputLayout& out = sharded_layouts.outputs;
-  for (int step = 0; step < steps; ++step) {
-    std::vector<ComparedTensor>& tensors = run.steps.emplace_back();
-    const StepOutputs& sg = single.steps[step];
-    const StepOutputs& tr = truth.steps[step];
-    const StepOutputs& pr = probed.steps[step];
-    auto gather = [&](auto member, const ShardSpec& spec) {
-      std::vector<Tensor> shards;
-      for (const RankResult& r : ranks) shards.push_back(member(r.steps[step]));
-      return assemble_shards(shards, spec);
-    };
-    auto add = [&](std::string name, std::string kind, int index, Tensor s, Tensor sh, Tensor t,
-                   const Tensor& p) {
-      Tensor noise = noise_of(p, t);
-      tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, std::move(s),
-                                       std::move(sh), std::move(t), std::move(noise)});
-    };
-    add("output", "output", -1, sg.outputs.output,
-        gather([](const StepOutputs& o) { return o.outputs.output; }, out.output),
-        tr.outputs.output, pr.outputs.output);
-    if (sg.outputs.bias.defined()) {
-      add("bias", "output", -1, sg.outputs.bias,
-          gather([](const StepOutputs& o) { return o.outputs.bias; }, out.bias), tr.outputs.bias,
-          pr.outputs.bias);
-    }
-    if (sg.outputs.layernorm_output.defined()) {
-      add("layernorm_output", "output", -1, sg.outputs.layernorm_output,
-          gather([](const StepOutputs& o) { return o.outputs.layernorm_output; },
-                 out.layernorm_output),
-          tr.outputs.layernorm_output, pr.outputs.layernorm_output);
-    }
-    // The gradient that flows to the previous layer: reassembled like the input
-    // (token-sharded under sequence parallel, replicated otherwise).
-    add("input", "input_gradient", -1, sg.input_gradient,
-        gather([](const StepOutputs& o) { return o.input_gradient; }, sharded_layouts.input),
-        tr.input_gradient, pr.input_gradient);
-    for (std::size_t i = 0; i < layouts.param_names.size(); ++i) {
-      add(layouts.param_names[i], "gradient", static_cast<int>(i), sg.gradients[i],
-          gather([i](const StepOutputs& o) { return o.gradients[i]; },
-                 sharded_layouts.param_shards[i]),
-          tr.gradients[i], pr.gradients[i]);
-    }
+  for (int step = 0; step < config.steps; ++step) {
+    run.steps.push_back(compared_tensors(r, step, noise_of));
   }
-  run.single_gemms = std::move(single.gemms);
-  run.sharded_gemms = ranks[0].gemms;
-  for (RankResult& r : ranks) {
-    run.sharded_gemms_by_rank.push_back(std::move(r.gemms));
-    run.sharded_comms_by_rank.push_back(std::move(r.comms));
+  run.single_gemms = std::move(r.single.gemms);
+  run.sharded_gemms = r.ranks[0].gemms;
+  for (RankResult& rank : r.ranks) {
+    run.sharded_gemms_by_rank.push_back(std::move(rank.gemms));
+    run.sharded_comms_by_rank.push_back(std::move(rank.comms));
   }
-  run.truth_gemms = std::move(truth.gemms);
+  run.truth_gemms = std::move(r.truth.gemms);
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return run;
 }

@@ -23,6 +23,12 @@ class CpuBackend final : public Backend {
 
   Device device() const override { return Device::kCpu; }
 
+  // norm.cpp accumulates dgamma and dbeta before it makes dx; gemm.cpp stores the gelu
+  // epilogue's aux before C (Backend::store_order).
+  StoreOrder store_order() const override {
+    return {.norm_param_grads_first = true, .gelu_aux_first = true};
+  }
+
  protected:
   // gemm.cpp
   void run_gemm(const GemmProblem& p, GemmRecord& record) override;

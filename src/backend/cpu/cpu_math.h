@@ -5,8 +5,7 @@
 // round exactly once when they store: `store` writes each value rounded (nearest even)
 // to the tensor's dtype. f32 → f16/bf16 via round_to; f64 values into a narrower dtype
 // are rounded once from f64 (no double rounding through f32).
-// Thread safety: pure functions of their arguments, except that f64 stores read this
-// thread's rounding probe (ScopedRoundingProbe, tpcheck/backend.h).
+// Thread safety: pure functions of their arguments.
 #pragma once
 
 #include <cmath>
@@ -17,18 +16,6 @@
 #include "tpcheck/tensor.h"
 
 namespace tpcheck::cpu {
-
-// The rounding probe active on this thread (nullptr: none). See ScopedRoundingProbe.
-struct RoundingProbeState {
-  double u = 0;
-  std::uint64_t seed = 0;
-  std::uint64_t counter = 0;  // values perturbed so far: the stream position
-};
-RoundingProbeState*& rounding_probe();
-
-// Multiplies each of the n f64 values by (1 + u·r), r uniform in [-1, 1), when a probe is
-// active on this thread; otherwise does nothing. Every f64 store goes through here.
-void apply_rounding_probe(double* values, std::size_t n);
 
 // The values of `t` as Real (f64: exact; f32 from narrower dtypes: exact widening; f32
 // from f64: rounded). REQUIRES: a CPU tensor.
@@ -53,7 +40,6 @@ void store(const std::vector<Real>& values, Tensor& t) {
     case DType::kF64: {
       double* p = t.data<double>();
       for (std::size_t i = 0; i < values.size(); ++i) p[i] = static_cast<double>(values[i]);
-      apply_rounding_probe(p, values.size());
       return;
     }
     case DType::kF32: {

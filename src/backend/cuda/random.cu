@@ -1,5 +1,5 @@
 // random.cu — tensors generated on the GPU (Philox, rng.h) and the rounding probe's
-// perturbation of stored f64 tensors (ScopedRoundingProbe / make_rounding_probe_backend),
+// perturbation of stored f64 tensors (make_rounding_probe_backend),
 // with the host's formulas (src/core/random_math.h).
 //
 // Generating on the device matters at production sizes: a TransformerLayer at hidden
