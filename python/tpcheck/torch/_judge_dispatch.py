@@ -57,8 +57,13 @@ class TruthRunError(RuntimeError):
 
 
 def _op_name(func: Any) -> str:
-    """'aten.mm.default' → 'mm'."""
-    return str(func).split(".")[1] if str(func).count(".") >= 2 else str(func)
+    """aten.mm.default → 'mm' (the name the op sets above use)."""
+    return str(getattr(func, "overloadpacket", func)).split(".")[-1]
+
+
+def _qualified(func: Any) -> str:
+    """aten.mm.default → 'aten.mm' (the name errors show: custom ops keep their namespace)."""
+    return str(getattr(func, "overloadpacket", func))
 
 
 def _gemm_reduction_length(name: str, args: tuple) -> int:
@@ -110,7 +115,7 @@ class F64TruthMode(TorchDispatchMode):
         self.ops_seen.add(name)
         if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) and self.rng_seed is None:
             raise TruthRunError(
-                f"tpcheck.torch.truth: the module calls the random op aten.{name} (dropout, "
+                f"tpcheck.torch.truth: the module calls the random op {_qualified(func)} (dropout, "
                 "bernoulli, rand...); its truth would draw different numbers than the runs it "
                 "judges. Put the module in eval() / set the probability to 0, or pass "
                 "rng_seed=<int> to draw from a fixed seed")
@@ -122,7 +127,7 @@ class F64TruthMode(TorchDispatchMode):
         except (RuntimeError, NotImplementedError, TypeError) as e:
             dtypes = sorted({str(a.dtype).replace("torch.", "") for a in tree_flatten((args, kwargs))[0]
                              if isinstance(a, torch.Tensor)})
-            raise TruthRunError(f"tpcheck.torch.truth: aten.{name} failed in the float64 run "
+            raise TruthRunError(f"tpcheck.torch.truth: {_qualified(func)} failed in the float64 run "
                                 f"(operand dtypes {dtypes}): {e}") from e
         flat_out, _ = tree_flatten(out)
         has_tensor_input = any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0])
@@ -131,7 +136,7 @@ class F64TruthMode(TorchDispatchMode):
                 if t.dtype != torch.float64:
                     kind = "an FP8 cast" if "float8" in str(t.dtype) else f"a {t.dtype} result"
                     raise TruthRunError(
-                        f"tpcheck.torch.truth: aten.{name} produced {kind} ({t.dtype}, shape "
+                        f"tpcheck.torch.truth: {_qualified(func)} produced {kind} ({t.dtype}, shape "
                         f"{tuple(t.shape)}) in the float64 run; the truth must compute every "
                         "value in float64 (remove the module's casts/autocast for the truth, "
                         "or judge that part separately)")
