@@ -70,7 +70,7 @@ def _inject_dtensor_bug(bug: str):
 def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> dict:
     import torch_tp_layers as L
     from tpcheck.torch.compare import compare_tp
-    hidden, ffn, seq, batch = 32, 128, 16, 2
+    hidden, ffn, seq, batch = 64, 256, 64, 4
     torch.manual_seed(seed)
     L.BUG = bug if kind.startswith("megatron") else "none"
     undo = lambda: None
