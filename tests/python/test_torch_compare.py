@@ -72,8 +72,12 @@ def test_correct_code_passes_under_truth_on_held_out_seeds(tp_results):
     assert not false_alarms, f"TP {n}: false alarms {false_alarms[:3]}"
     runs = [k for k in results if k[1] == "none"]
     ac_fail = sum(any(r["assert_close_fails"] for r in results[k]) for k in runs)
+    te_fail = sum(any(r["te_rule_fails"] for r in results[k]) for k in runs)
     print(f"\nTP {n}: {len(runs)} correct runs pass under truth; torch.testing.assert_close "
-          f"(defaults) fails {ac_fail} of them")
+          f"(defaults) fails {ac_fail} of them, the reference suite's rule (te) {te_fail}; "
+          "assert_close failures by layer: "
+          + str({kind: sum(any(r["assert_close_fails"] for r in results[k]) for k in runs if k[0] == kind)
+                 for kind in KINDS}))
 
 
 @pytest.mark.parametrize("kind,bug", BUGS, ids=[f"{k}-{b}" for k, b in BUGS])

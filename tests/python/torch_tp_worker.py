@@ -17,6 +17,14 @@ import torch
 import torch.distributed as dist
 
 
+def _te_rule_fails(report_tensors: dict) -> bool:
+    """The reference suite's rule (tpcheck policy "te": the max-difference element, rel >
+    rtol and abs > atol, f32 1e-3 / 5e-5) on any of the tensors."""
+    import tpcheck
+    return any(not tpcheck.compare(single.contiguous(), sharded.contiguous(), policy="te").passed
+               for single, sharded in report_tensors.values())
+
+
 def _assert_close_fails(report_tensors: dict) -> bool:
     for single, sharded in report_tensors.values():
         try:
@@ -111,7 +119,7 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
     return {"kind": kind, "bug": bug, "seed": seed, "tp": tp, "passed": report.passed,
             "failing": [e["name"] for e in report.failures],
             "reasons": [list(e["verdicts"].values())[0]["reason"] for e in report.failures][:3],
-            "assert_close_fails": _assert_close_fails(pairs)}
+            "assert_close_fails": _assert_close_fails(pairs), "te_rule_fails": _te_rule_fails(pairs)}
 
 
 def rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
