@@ -15,7 +15,6 @@ judges every tensor with the chosen policy. docs/JUDGE.md is the manual.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Optional
 
 import torch
@@ -35,7 +34,8 @@ def _policies() -> list[str]:
     return tpcheck.policies()
 
 
-def _check_one_device(args: tuple, kwargs: dict, *modules: torch.nn.Module) -> torch.device:
+def _check_one_device(args: tuple, kwargs: dict) -> torch.device:
+    """The inputs' one device; an error naming an input on each device if not one."""
     where: dict[str, str] = {}
     for name, t in flat_named_tensors((args, kwargs), input_names(args, kwargs)).items():
         where.setdefault(str(t.device), f"input {name!r}")

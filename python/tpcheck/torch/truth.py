@@ -24,7 +24,7 @@ import copy
 from typing import Any, Callable, Mapping, Optional
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_map
 
 from ._judge_dispatch import F64TruthMode, TruthRunError
 from ._judge_names import flat_named_tensors, input_names
