@@ -3,7 +3,7 @@
 The ranks are launched by torchrun (TPCHECK_PYTEST_LAUNCHER=torchrun, gloo on the CPU):
 the `python -m tpcheck emulate` launcher of issue 32 is not in this branch, and the plugin
 reaches it only through launch_command(), whose emulate form is checked here as a command
-line, not run.
+line, not run (docs/JUDGE.md says what was run by hand).
 """
 
 from __future__ import annotations
