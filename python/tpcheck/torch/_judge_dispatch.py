@@ -1,0 +1,163 @@
+"""The TorchDispatchMode under which tpcheck.torch.truth runs a module in float64.
+
+One mode does four things for every aten op the module's forward and backward call:
+
+- keeps the run float64: an op whose floating output is not float64 (a cast to float32 in
+  the module's code, autocast, an FP8 cast) is an error naming the op — a "truth" that
+  silently ran part of the layer in float32 would judge against a rounded answer;
+- refuses random ops (dropout, bernoulli, rand...) by name unless a fixed seed was given;
+- records the longest GEMM reduction (mm, addmm, bmm, baddbmm, convolution): the K of the
+  truth policy's floor u·sqrt(K)·|truth|;
+- with a probe, multiplies every op's floating result by one rounding, 1 + u·r
+  (_judge_probe), as the suite's rounding probe does for its own layers' stores.
+
+Which results the probe perturbs: those of ops that compute. Views and data movement
+(reshape, transpose, cat, copies, indexing) store nothing new — perturbing them would count
+one value's rounding twice — and an output that shares storage with an input of a
+non-mutating op is a view too. A GEMM's internal accumulation is not perturbed, only its
+stored result: the same as the suite's probe (docs/POLICIES.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ._judge_probe import probe_factors
+
+# Ops whose results are copies or rearrangements of their inputs' values (no rounding).
+_DATA_MOVEMENT = {
+    "clone", "copy", "copy_", "_to_copy", "to", "contiguous", "cat", "stack", "index",
+    "index_select", "gather", "scatter", "select_scatter", "slice_scatter",
+    "diagonal_scatter", "as_strided_scatter", "index_put", "index_put_", "masked_fill",
+    "masked_fill_", "where", "repeat", "flip", "roll", "constant_pad_nd", "_unsafe_view",
+    "detach", "lift_fresh", "lift_fresh_copy", "zeros_like", "ones_like", "empty_like",
+    "full_like", "new_zeros", "new_ones", "new_empty", "new_empty_strided", "new_full",
+    "zero_", "fill_", "fill", "empty", "empty_strided", "zeros", "ones", "full", "embedding",
+    "_reshape_alias", "view_copy", "permute_copy", "t_copy", "transpose_copy", "expand_copy",
+    "split_with_sizes_copy", "unbind_copy", "split_copy", "slice_copy", "select_copy",
+    "alias_copy", "squeeze_copy", "unsqueeze_copy", "_unsafe_index", "narrow_copy",
+    "scalar_tensor", "arange", "_local_scalar_dense", "sort", "topk", "max", "min", "amax",
+    "amin", "relu", "threshold_backward", "abs", "neg", "sign", "maximum", "minimum",
+    "clamp", "clamp_min", "clamp_max", "_unsafe_index_put", "native_dropout_backward",
+}
+
+# GEMM-like ops and how to read their reduction length K from the inputs.
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "convolution",
+          "convolution_backward", "_scaled_dot_product_flash_attention_for_cpu",
+          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+          "_scaled_dot_product_cudnn_attention"}
+
+
+class TruthRunError(RuntimeError):
+    """The module cannot be run as an fp64 truth: the message names the op and why."""
+
+
+def _op_name(func: Any) -> str:
+    """aten.mm.default → 'mm' (the name the op sets above use)."""
+    return str(getattr(func, "overloadpacket", func)).split(".")[-1]
+
+
+def _qualified(func: Any) -> str:
+    """aten.mm.default → 'aten.mm' (the name errors show: custom ops keep their namespace)."""
+    return str(getattr(func, "overloadpacket", func))
+
+
+def _gemm_reduction_length(name: str, args: tuple) -> int:
+    """K of one GEMM call from its operands' shapes (0 when it cannot be read)."""
+    def shape(i: int) -> Optional[tuple]:
+        a = args[i] if i < len(args) else None
+        return tuple(a.shape) if isinstance(a, torch.Tensor) else None
+    if name in ("mm", "bmm", "matmul"):
+        s = shape(0)
+        return s[-1] if s else 0
+    if name in ("addmm", "baddbmm", "addbmm"):
+        s = shape(1)
+        return s[-1] if s else 0
+    if name == "convolution":  # input, weight, ...: Cin/groups · prod(kernel)
+        w = shape(1)
+        return int(torch.Size(w[1:]).numel()) if w else 0
+    if name == "convolution_backward":  # grad_out, input, weight: the weight gradient
+        g, w = shape(0), shape(2)       # sums over batch·spatial positions
+        k_w = int(g[0] * torch.Size(g[2:]).numel()) if g else 0
+        k_x = int(w[0] * torch.Size(w[2:]).numel()) if w else 0
+        return max(k_w, k_x)
+    if name.startswith("_scaled_dot_product"):  # q, k, v: head dim and key length
+        q, k = shape(0), shape(1)
+        return max(q[-1] if q else 0, k[-2] if k else 0)
+    return 0
+
+
+class F64TruthMode(TorchDispatchMode):
+    """Runs ops as they are, checking each stays float64; records K; optionally probes.
+
+    probe_u: None for the plain truth run, else the probe's relative size (2^-30).
+    rng_seed: None refuses random ops; an int allows them (the caller seeds the generator).
+    """
+
+    def __init__(self, *, probe_u: Optional[float] = None, probe_seed: int = 1234,
+                 rng_seed: Optional[int] = None):
+        super().__init__()
+        self.probe_u = probe_u
+        self.probe_seed = int(probe_seed)
+        self.rng_seed = rng_seed
+        self.counter = 0            # probe stream positions used so far
+        self.reduction_length = 0   # the longest GEMM reduction seen
+        self.gemm_calls = 0
+        self.ops_seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _op_name(func)
+        self.ops_seen.add(name)
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) and self.rng_seed is None:
+            raise TruthRunError(
+                f"tpcheck.torch.truth: the module calls the random op {_qualified(func)} (dropout, "
+                "bernoulli, rand...); its truth would draw different numbers than the runs it "
+                "judges. Put the module in eval() / set the probability to 0, or pass "
+                "rng_seed=<int> to draw from a fixed seed")
+        if name in _GEMMS:
+            self.gemm_calls += 1
+            self.reduction_length = max(self.reduction_length, _gemm_reduction_length(name, args))
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            dtypes = sorted({str(a.dtype).replace("torch.", "") for a in tree_flatten((args, kwargs))[0]
+                             if isinstance(a, torch.Tensor)})
+            raise TruthRunError(f"tpcheck.torch.truth: {_qualified(func)} failed in the float64 run "
+                                f"(operand dtypes {dtypes}): {e}") from e
+        flat_out, _ = tree_flatten(out)
+        has_tensor_input = any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0])
+        for t in flat_out if has_tensor_input else ():  # factories (ones, zeros) are exact
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+                if t.dtype != torch.float64:
+                    kind = "an FP8 cast" if "float8" in str(t.dtype) else f"a {t.dtype} result"
+                    raise TruthRunError(
+                        f"tpcheck.torch.truth: {_qualified(func)} produced {kind} ({t.dtype}, shape "
+                        f"{tuple(t.shape)}) in the float64 run; the truth must compute every "
+                        "value in float64 (remove the module's casts/autocast for the truth, "
+                        "or judge that part separately)")
+        if self.probe_u is not None and name not in _DATA_MOVEMENT and not func.is_view:
+            self._perturb(func, args, kwargs, flat_out)
+        return out
+
+    def _perturb(self, func: Any, args: tuple, kwargs: dict, flat_out: list) -> None:
+        mutable = func._schema.is_mutable
+        input_storages = set()
+        if not mutable:
+            for a in tree_flatten((args, kwargs))[0]:
+                if isinstance(a, torch.Tensor):
+                    input_storages.add(a.untyped_storage().data_ptr())
+        for t in flat_out:
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float64 or t.numel() == 0:
+                continue
+            if not mutable and t.untyped_storage().data_ptr() in input_storages:
+                continue  # an alias of an input: nothing new was stored
+            factors = probe_factors(self.probe_u, self.probe_seed, self.counter + 1, t.numel(),
+                                    t.device).reshape(t.shape)
+            self.counter += t.numel()
+            with torch.no_grad():
+                t.mul_(factors)

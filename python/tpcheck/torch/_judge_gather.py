@@ -1,0 +1,88 @@
+"""Reassembling a rank's shard into the full tensor, for compare_tp.
+
+A sharded parameter says how it is split in one of three ways, tried in this order:
+- it is a DTensor: its placements say it (`full_tensor()` gathers, reduces partials);
+- Megatron's attributes: `tensor_model_parallel=True`, `partition_dim`, `partition_stride`
+  (stride s: the full tensor is cut into s·N pieces along the dim and rank r holds pieces
+  r, N + r, 2N + r, ... — megatron.core's _initialize_affine_weight_cpu);
+- the caller's map {name: dim} (None for replicated).
+Anything else is replicated: the rank holds the whole tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How one tensor is split over the group: dim None = replicated; source names where
+    the spec came from (for error messages)."""
+    dim: Optional[int]
+    stride: int = 1
+    source: str = "replicated"
+    dtensor: bool = False
+
+
+def is_dtensor(t: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without DTensor
+        return False
+    return isinstance(t, DTensor)
+
+
+def spec_of_parameter(name: str, p: torch.Tensor, shards: dict) -> ShardSpec:
+    """The shard spec of sharded parameter `name` (module docstring's order)."""
+    if is_dtensor(p):
+        return ShardSpec(None, 1, "DTensor placements", dtensor=True)
+    if getattr(p, "tensor_model_parallel", False):
+        dim = getattr(p, "partition_dim", None)
+        if dim is None:
+            raise ValueError(f"compare_tp: parameter {name!r} has tensor_model_parallel=True but "
+                             "no partition_dim; expected Megatron's attributes (partition_dim, "
+                             "partition_stride)")
+        return ShardSpec(int(dim), int(getattr(p, "partition_stride", 1)), "Megatron attributes")
+    if name in shards:
+        d = shards[name]
+        return ShardSpec(None if d is None else int(d), 1, "shards map" if d is not None else "replicated")
+    return ShardSpec(None)
+
+
+def all_gather_dim(t: torch.Tensor, dim: int, group, stride: int = 1) -> torch.Tensor:
+    """The full tensor from every rank's piece along `dim` (no autograd)."""
+    n = dist.get_world_size(group)
+    t = t.detach().contiguous()
+    pieces = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(pieces, t, group=group)
+    if stride == 1:
+        return torch.cat(pieces, dim=dim)
+    if t.shape[dim] % stride:
+        raise ValueError(f"compare_tp: a shard of length {t.shape[dim]} along dim {dim} does "
+                         f"not split into partition_stride {stride} pieces")
+    split = [p.chunk(stride, dim=dim) for p in pieces]
+    return torch.cat([split[r][s] for s in range(stride) for r in range(n)], dim=dim)
+
+
+def gather(t: torch.Tensor, spec: ShardSpec, group) -> torch.Tensor:
+    """The full tensor of `t` under `spec`."""
+    if spec.dtensor or is_dtensor(t):
+        return t.detach().full_tensor() if is_dtensor(t) else t.detach()
+    if spec.dim is None:
+        return t.detach()
+    return all_gather_dim(t, spec.dim, group, spec.stride)
+
+
+def local_chunk(t: torch.Tensor, dim: Optional[int], group) -> torch.Tensor:
+    """This rank's piece of a global tensor along `dim` (the whole tensor for None)."""
+    if dim is None:
+        return t
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    if t.shape[dim] % n:
+        raise ValueError(f"compare_tp: a tensor of shape {tuple(t.shape)} does not split into "
+                         f"{n} equal pieces along dim {dim}")
+    return t.chunk(n, dim=dim)[r].contiguous()

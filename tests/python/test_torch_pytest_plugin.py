@@ -1,0 +1,87 @@
+"""The pytest plugin (tpcheck.torch.pytest_plugin) end to end, in a pytester sandbox.
+
+The ranks are launched by torchrun (TPCHECK_PYTEST_LAUNCHER=torchrun, gloo on the CPU):
+the `python -m tpcheck emulate` launcher of issue 32 is not in this branch, and the plugin
+reaches it only through launch_command(), whose emulate form is checked here as a command
+line, not run (docs/JUDGE.md says what was run by hand).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest_plugins = ["pytester"]
+
+from tpcheck.torch import pytest_plugin  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+TESTS = f'''
+import sys
+sys.path.insert(0, {HERE!r})
+import pytest
+import torch
+import torch.distributed as dist
+from torch_tp_layers import MLP, TPMLP
+from tpcheck.torch.compare import compare_tp
+
+
+@pytest.mark.tpcheck(tp=[2])
+def test_a_bug_on_rank_one(tpcheck_group):
+    assert dist.get_rank() != 1, "rank one disagrees"
+
+
+@pytest.mark.tpcheck(tp=[2])
+def test_megatron_mlp_ok(tpcheck_group):
+    torch.manual_seed(0)
+    single = MLP(16, 32)
+    report = compare_tp(single, TPMLP(single), (torch.randn(4, 16),), grad_output=torch.randn(4, 16))
+    report.assert_ok()
+
+
+def test_plain():
+    pass
+'''
+
+
+@pytest.fixture
+def sandbox(pytester, monkeypatch):
+    monkeypatch.setenv(pytest_plugin.LAUNCHER_ENV, "torchrun")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    pytester.makepyfile(test_sandbox=TESTS)
+    return pytester
+
+
+def test_marker_makes_one_item_per_tp_size_and_k_selects(sandbox):
+    r = sandbox.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "--collect-only", "-q",
+                                     "-k", "megatron")
+    r.stdout.fnmatch_lines(["*test_megatron_mlp_ok[[]tp2[]]*", "*1/3 tests collected*"])
+
+
+def test_ranks_run_and_a_rank_failure_is_one_failure_naming_the_rank(sandbox):
+    r = sandbox.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "-q")
+    r.assert_outcomes(passed=2, failed=1)
+    r.stdout.fnmatch_lines(["*rank 1 of 2 failed (call): AssertionError: rank one disagrees*"])
+    assert "rank 0 of 2 failed" not in r.stdout.str()
+
+
+def test_x_stops_after_the_first_failing_item(sandbox):
+    r = sandbox.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "-q", "-x")
+    r.assert_outcomes(failed=1)
+
+
+def test_bad_marker_argument_is_a_usage_error(pytester):
+    pytester.makepyfile("import pytest\n@pytest.mark.tpcheck(tp=[0])\ndef test_x():\n    pass\n")
+    r = pytester.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "-q")
+    r.stdout.fnmatch_lines(["*tpcheck(tp=[[]0[]]); expected tp= a list of TP sizes*"])
+
+
+def test_emulate_is_the_default_launcher(monkeypatch):
+    monkeypatch.delenv(pytest_plugin.LAUNCHER_ENV, raising=False)
+    cmd = pytest_plugin.launch_command(4, ["t.py::test_x[tp4]"])
+    assert cmd[1:7] == ["-m", "tpcheck", "emulate", "-n", "4", "--"]
+    assert cmd[8:] == ["-m", "pytest", "t.py::test_x[tp4]"]

@@ -1,0 +1,159 @@
+"""The rank side of the compare_tp tests: one spawned process per rank over gloo runs a
+list of scenarios (layer × injected bug × seed) and writes, per scenario, whether
+compare_tp passed (and which tensors failed) and whether torch.testing.assert_close with
+its defaults passed the same sharded-vs-unsharded tensors. One spawn carries many
+scenarios: starting a torch process costs seconds, a scenario milliseconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+
+def _te_rule_fails(report_tensors: dict) -> bool:
+    """The reference suite's rule (tpcheck policy "te": the max-difference element, rel >
+    rtol and abs > atol, f32 1e-3 / 5e-5) on any of the tensors."""
+    import tpcheck
+    return any(not tpcheck.compare(single.contiguous(), sharded.contiguous(), policy="te").passed
+               for single, sharded in report_tensors.values())
+
+
+def _assert_close_fails(report_tensors: dict) -> bool:
+    for single, sharded in report_tensors.values():
+        try:
+            torch.testing.assert_close(sharded, single)
+        except AssertionError:
+            return True
+    return False
+
+
+class _SPModel(torch.nn.Module):
+    """LayerNorm → fc1 → GELU → fc2 on [batch, seq, hidden] (DTensor sequence-parallel plan)."""
+
+    def __init__(self, hidden, ffn):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.fc1 = torch.nn.Linear(hidden, ffn)
+        self.fc2 = torch.nn.Linear(ffn, hidden)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+def _dtensor_plan(sp: bool):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    if not sp:
+        return {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    return {"norm": SequenceParallel(), "fc1": ColwiseParallel(input_layouts=Shard(1)),
+            "fc2": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def _inject_dtensor_bug(bug: str):
+    """Monkeypatches torch's tensor-parallel styles to carry `bug`; returns an undo."""
+    from torch.distributed.tensor.parallel import style
+    undo = []
+    if bug in ("dropped-allreduce", "rescale"):
+        orig = style.RowwiseParallel._prepare_output_fn
+
+        def patched(output_layouts, use_local_output, mod, outputs, device_mesh):
+            # a Partial output: keep the rank's partial sum (dropped all-reduce), or reduce
+            # and divide by N (rescale)
+            if bug == "dropped-allreduce":
+                return outputs.to_local()
+            out = orig(output_layouts, use_local_output, mod, outputs, device_mesh)
+            return out / device_mesh.size()
+        style.RowwiseParallel._prepare_output_fn = staticmethod(patched)
+        undo.append(lambda: setattr(style.RowwiseParallel, "_prepare_output_fn", staticmethod(orig)))
+    return lambda: [u() for u in undo]
+
+
+def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> dict:
+    import torch_tp_layers as L
+    from tpcheck.torch.compare import compare_tp
+    hidden, ffn, seq, batch = 64, 256, 64, 4
+    torch.manual_seed(seed)
+    L.BUG = bug if kind.startswith("megatron") else "none"
+    undo = lambda: None
+    if kind.startswith("megatron"):
+        sp = kind == "megatron-sp"
+        single = L.MLP(hidden, ffn)
+        sharded = L.TPMLP(single, sequence_parallel=sp)
+        x = torch.randn(seq, batch, hidden)
+        dy = torch.randn(seq, batch, hidden)
+        dims = {"input": 0} if sp else {}
+        out_dims = {"output": 0} if sp else {}
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+        sp = kind == "dtensor-sp"
+        single = _SPModel(hidden, ffn) if sp else L.MLP(hidden, ffn)
+        with torch.no_grad():  # LayerNorm's default init hides its gradients' structure
+            for p in single.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        mesh = init_device_mesh("cpu", (tp,))
+        undo = _inject_dtensor_bug(bug)  # before parallelize_module: it binds the hooks
+        sharded = parallelize_module(copy.deepcopy(single), mesh, _dtensor_plan(sp))
+        x = torch.randn(batch, seq, hidden)
+        dy = torch.randn(batch, seq, hidden)
+        dims = {"input": 1} if sp else {}
+        out_dims = {"output": 1} if sp else {}
+    try:
+        report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=dims,
+                            output_dims=out_dims, policy=policy)
+    finally:
+        undo()
+        L.BUG = "none"
+    pairs = {}
+    # assert_close with defaults on the same tensors: rebuild them from the report's runs
+    for e in report.entries:
+        if e["kind"] != "parameter":
+            pairs[e["name"]] = report.raw[e["name"]]
+    return {"kind": kind, "bug": bug, "seed": seed, "tp": tp, "passed": report.passed,
+            "failing": [e["name"] for e in report.failures],
+            "reasons": [list(e["verdicts"].values())[0]["reason"] for e in report.failures][:3],
+            "assert_close_fails": _assert_close_fails(pairs), "te_rule_fails": _te_rule_fails(pairs)}
+
+
+def rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = []
+    try:
+        for job in jobs:
+            try:
+                results.append(scenario(**job, tp=world))
+            except Exception as e:  # a scenario's error is its result, the others still run
+                results.append({**job, "tp": world, "error": f"{type(e).__name__}: {e}",
+                                "traceback": traceback.format_exc()})
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        dist.destroy_process_group()
+
+
+def run_spawned(world: int, jobs: list, out_dir: str) -> list[list[dict]]:
+    """Runs `jobs` on `world` gloo ranks; returns each rank's results."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    mp.spawn(rank_main, args=(world, port, jobs, out_dir), nprocs=world, join=True)
+    out = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+            out.append(json.load(f))
+    return out
