@@ -1,4 +1,4 @@
-"""The pytest plugin (tpcheck.torch.pytest_plugin) end to end, in a pytester sandbox.
+"""The pytest plugin (tpcheck.pytest_plugin) end to end, in a pytester sandbox.
 
 The ranks are launched by torchrun (TPCHECK_PYTEST_LAUNCHER=torchrun, gloo on the CPU):
 the `python -m tpcheck emulate` launcher of issue 32 is not in this branch, and the plugin
@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest_plugins = ["pytester"]
 
-from tpcheck.torch import pytest_plugin  # noqa: E402
+from tpcheck import pytest_plugin  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,26 +57,26 @@ def sandbox(pytester, monkeypatch):
 
 
 def test_marker_makes_one_item_per_tp_size_and_k_selects(sandbox):
-    r = sandbox.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "--collect-only", "-q",
+    r = sandbox.runpytest_subprocess("-p", "tpcheck.pytest_plugin", "--collect-only", "-q",
                                      "-k", "megatron")
     r.stdout.fnmatch_lines(["*test_megatron_mlp_ok[[]tp2[]]*", "*1/3 tests collected*"])
 
 
 def test_ranks_run_and_a_rank_failure_is_one_failure_naming_the_rank(sandbox):
-    r = sandbox.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "-q")
+    r = sandbox.runpytest_subprocess("-p", "tpcheck.pytest_plugin", "-q")
     r.assert_outcomes(passed=2, failed=1)
     r.stdout.fnmatch_lines(["*rank 1 of 2 failed (call): AssertionError: rank one disagrees*"])
     assert "rank 0 of 2 failed" not in r.stdout.str()
 
 
 def test_x_stops_after_the_first_failing_item(sandbox):
-    r = sandbox.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "-q", "-x")
+    r = sandbox.runpytest_subprocess("-p", "tpcheck.pytest_plugin", "-q", "-x")
     r.assert_outcomes(failed=1)
 
 
 def test_bad_marker_argument_is_a_usage_error(pytester):
     pytester.makepyfile("import pytest\n@pytest.mark.tpcheck(tp=[0])\ndef test_x():\n    pass\n")
-    r = pytester.runpytest_subprocess("-p", "tpcheck.torch.pytest_plugin", "-q")
+    r = pytester.runpytest_subprocess("-p", "tpcheck.pytest_plugin", "-q")
     r.stdout.fnmatch_lines(["*tpcheck(tp=[[]0[]]); expected tp= a list of TP sizes*"])
 
 

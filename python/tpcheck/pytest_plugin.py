@@ -22,7 +22,7 @@ and destroys the group after the test.
 TPCHECK_PYTEST_LAUNCHER=torchrun launches with `python -m torch.distributed.run` instead
 (gloo on the CPU: how this plugin's own tests run while the emulate launcher is elsewhere).
 Registered through the `pytest11` entry point `tpcheck` (pyproject.toml), or `-p
-tpcheck.torch.pytest_plugin`.
+tpcheck.pytest_plugin`.
 """
 
 from __future__ import annotations
