@@ -6,6 +6,8 @@
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite fused badinput mutations recipes bench; also, not in
+# the default set: bits (this build's JSON reports against TPCHECK_OLD's), emulate
+# (tpcheck emulate with CUDA tensors; needs pack_python.sh), and, not in
 # the default set: kernels (each kernel's time in the layer benchmark's step, by ncu), recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
 # (stack samples of its TransformerLayer cases), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
@@ -264,7 +266,43 @@ if has python; then
   fi
 fi
 
-# Not in the default stages: `tpcheck emulate` (issue 32; NOT RUN YET) with CUDA tensors,
+# Not in the default stages: bits, the suite's JSON reports of this build against another
+# build's (TPCHECK_OLD=path/to/tpcheck, e.g. main's before a refactor) on the CUDA backend,
+# byte for byte but for each case's `seconds` and the run's `date`: te at TP 2, 4, 8, full
+# at TP 4, TF32 off, a recipe over two steps, and fused attention.
+if has bits; then
+  if [ -x "${TPCHECK_OLD:-}" ]; then
+    strip_times='import json, sys
+r = json.load(open(sys.argv[1]))
+r.get("environment", {}).pop("date", None)
+for c in r.get("cases", []):
+    c.pop("seconds", None)
+json.dump(r, open(sys.argv[2], "w"), indent=1, sort_keys=True)'
+    bits_run() {  # bits_run NAME ARGS...: both builds, then the comparison's row
+      local name="$1"; shift
+      "$TPCHECK_OLD" run --backend cuda --quiet "$@" --json "$out/bits_old_$name.json" \
+        >"$out/bits_old_$name.log" 2>&1
+      "$bin" run --backend cuda --quiet "$@" --json "$out/bits_new_$name.json" \
+        >"$out/bits_new_$name.log" 2>&1
+      python3 -c "$strip_times" "$out/bits_old_$name.json" "$out/bits_old_$name.cmp" &&
+        python3 -c "$strip_times" "$out/bits_new_$name.json" "$out/bits_new_$name.cmp" &&
+        cmp -s "$out/bits_old_$name.cmp" "$out/bits_new_$name.cmp"
+      local rc=$?
+      row "bits: $name ($*)" "$([ $rc = 0 ] && echo identical || echo DIFFERENT)" ""
+      [ $rc = 0 ] || diff "$out/bits_old_$name.cmp" "$out/bits_new_$name.cmp" | head -20 \
+        >>"$out/failures.txt"
+    }
+    for tp in 2 4 8; do bits_run "te_tp$tp" --suite te --tp "$tp"; done
+    bits_run full_tp4 --suite full --tp 4
+    bits_run te_tp4_tf32off --suite te --tp 4 --tf32 off
+    bits_run fp8_steps2 --suite te --tp 2 --recipe fp8 --steps 2 --filter '^(Linear|LayerNormMLP)'
+    bits_run fused_tp2 --suite te --tp 2 --attention fused --filter '^TransformerLayer'
+  else
+    row "bits" "TPCHECK_OLD is not an executable tpcheck" ""
+  fi
+fi
+
+# Not in the default stages: `tpcheck emulate` with CUDA tensors,
 # TP 2/4/8 ranks on this one GPU through CUDA IPC: every collective against its reference
 # (the same worker as CI's, --cuda), the example on the GPU, and bench/emulate_bench.py
 # --quick. Needs the packed Python package (pack_python.sh) and torch in python3.
