@@ -39,29 +39,16 @@
 #include <string>
 #include <string_view>
 
+#include "backend/cuda/cublaslt_names.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/decoded_gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/impl_flags.h"
+#include "backend/decoded_gemm.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
 namespace {
-
-struct NamedValue {
-  int value;
-  const char* name;
-};
-#include "backend/cuda/cublaslt_names.inc"
-
-template <std::size_t N>
-std::string name_of(const NamedValue (&table)[N], int value, const char* what) {
-  for (const NamedValue& v : table) {
-    if (v.value == value) return v.name;
-  }
-  return TPCHECK_FORMAT("{}_{}", what, value);
-}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -219,21 +206,22 @@ struct CudaGemmEngine {
   static void describe_algorithm(const CudaBackend::CachedAlgo& chosen, CublasLtAlgoRecord& lt) {
     lt.algo_id = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_ID);
     lt.tile = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
-    lt.tile_name = name_of(kTileNames, lt.tile, "TILE");
+    lt.tile_name = cuda::name_of(cuda::kTileNames, lt.tile, "TILE");
     lt.stages = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
-    lt.stages_name = name_of(kStagesNames, lt.stages, "STAGES");
+    lt.stages_name = cuda::name_of(cuda::kStagesNames, lt.stages, "STAGES");
     lt.split_k = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
     if (lt.split_k == 0) lt.split_k = 1;
     lt.reduction_scheme = static_cast<int>(
         algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
-    lt.reduction_scheme_name = name_of(kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
+    lt.reduction_scheme_name =
+        cuda::name_of(cuda::kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
     lt.cta_swizzling = static_cast<int>(
         algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
     lt.custom_option = static_cast<int>(
         algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
     lt.cluster_shape = static_cast<int>(
         algo_config<std::uint16_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-    lt.cluster_shape_name = name_of(kClusterShapeNames, lt.cluster_shape, "CLUSTER");
+    lt.cluster_shape_name = cuda::name_of(cuda::kClusterShapeNames, lt.cluster_shape, "CLUSTER");
     std::uint64_t flags = 0;
     std::size_t written = 0;
     TPCHECK_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
