@@ -14,6 +14,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "layers/child_options.h"
 #include "layers/json_options.h"
 #include "tpcheck/error.h"
 
@@ -187,34 +188,16 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
   }
   if (o.input_layernorm) {
     LayerNormLinear::Options n;
-    n.in_features = l.in_features;
-    n.out_features = l.out_features;
+    copy_linear_fields(l, n);
     n.norm = o.norm;
     n.return_layernorm_output = o.return_layernorm_output;
-    n.params = l.params;
-    n.parallel_mode = l.parallel_mode;
-    n.sequence_parallel = l.sequence_parallel;
-    n.wgrad = l.wgrad;
-    n.site = l.site;
-    n.weight_blocks = l.weight_blocks;
-    n.one_block_mutation = l.one_block_mutation;
-    n.parameters_split = l.parameters_split;
     qkv_ln_ = std::make_unique<LayerNormLinear>(qkv_prefix, n, ctx_);
   } else {
     qkv_ = std::make_unique<Linear>(qkv_prefix, l, ctx_);
   }
 
-  Linear::Options p;
-  p.in_features = heads * d;
-  p.out_features = o.hidden_size;
-  p.params = o.params;
-  p.params.init_method = o.output_layer_init_method;  // the output-side weight
-  p.return_bias = o.return_bias;
-  p.parallel_mode = ParallelMode::kRow;
-  p.sequence_parallel = o.sequence_parallel;
-  p.wgrad = o.wgrad;
-  p.site = "attn.proj";
-  proj_ = std::make_unique<Linear>(prefix_ + "proj.", p, ctx_);
+  proj_ = std::make_unique<Linear>(
+      prefix_ + "proj.", output_linear_options(o, heads * d, o.hidden_size, "attn.proj"), ctx_);
 }
 
 MultiheadAttention::~MultiheadAttention() = default;
