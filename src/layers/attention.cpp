@@ -149,19 +149,6 @@ Tensor scatter_heads(const Tensor& t, const std::vector<std::int64_t>& order) {
   return gather_heads(t, inverse);
 }
 
-Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t out,
-                              std::string site) {
-  Linear::Options l;
-  l.in_features = o.hidden_size;
-  l.out_features = out;
-  l.params = o.params;
-  l.parallel_mode = ParallelMode::kColumn;
-  l.sequence_parallel = o.sequence_parallel;
-  l.wgrad = o.wgrad;
-  l.site = std::move(site);
-  return l;
-}
-
 }  // namespace
 
 MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
@@ -177,7 +164,8 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
 
   // One projection either way, as the reference: fused, one parameter; separate, the
   // three parameters of parameters_split, still one GEMM per pass (site attn.qkv).
-  Linear::Options l = column_linear(o, (heads + 2 * g) * d, "attn.qkv");
+  Linear::Options l = block_linear_options(o, o.hidden_size, (heads + 2 * g) * d,
+                                           ParallelMode::kColumn, "attn.qkv");
   if (!o.fuse_qkv_params) {
     l.parameters_split = {{"query", heads * d}, {"key", g * d}, {"value", g * d}};
   } else if (!o.qkv_weight_interleaved) {

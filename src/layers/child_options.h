@@ -1,6 +1,6 @@
 // child_options.h — the options a composite layer hands its child layers, each kind built
 // in one place: the Linear part that Linear::Options and LayerNormLinear::Options share,
-// the row-parallel output-side Linear of a block (attention's proj, the MLP's fc2), and
+// the Linears of a block (attention's QKV and proj, the MLP's fc1 and fc2), and
 // the norm over a block's hidden size (the MLP's, the TransformerLayer's output norm).
 // Thread safety: pure functions.
 #pragma once
@@ -31,21 +31,32 @@ void copy_linear_fields(const From& from, To& to) {
   to.parameters_split = from.parameters_split;
 }
 
-// The row-parallel output-side Linear of a block: the parent's parameter options with its
-// output_layer_init_method, and its return_bias, sequence parallelism and wgrad.
+// A Linear inside a block (attention's QKV and proj, the MLP's fc1 and fc2): the parent's
+// parameter options, sequence parallelism and wgrad, sharded as `mode`.
 template <typename Parent>
-Linear::Options output_linear_options(const Parent& o, std::int64_t in_features,
-                                      std::int64_t out_features, std::string site) {
+Linear::Options block_linear_options(const Parent& o, std::int64_t in_features,
+                                     std::int64_t out_features, ParallelMode mode,
+                                     std::string site) {
   Linear::Options l;
   l.in_features = in_features;
   l.out_features = out_features;
   l.params = o.params;
-  l.params.init_method = o.output_layer_init_method;  // the output-side weight
-  l.return_bias = o.return_bias;
-  l.parallel_mode = ParallelMode::kRow;
+  l.parallel_mode = mode;
   l.sequence_parallel = o.sequence_parallel;
   l.wgrad = o.wgrad;
   l.site = std::move(site);
+  return l;
+}
+
+// The row-parallel output-side Linear of a block, with the parent's
+// output_layer_init_method and return_bias.
+template <typename Parent>
+Linear::Options output_linear_options(const Parent& o, std::int64_t in_features,
+                                      std::int64_t out_features, std::string site) {
+  Linear::Options l =
+      block_linear_options(o, in_features, out_features, ParallelMode::kRow, std::move(site));
+  l.params.init_method = o.output_layer_init_method;  // the output-side weight
+  l.return_bias = o.return_bias;
   return l;
 }
 

@@ -31,19 +31,14 @@ bool bias_gelu_fusion(const LayerNormMLP::Options& o) { return o.activation == A
 
 Linear::Options fc1_options(const LayerNormMLP::Options& o) {
   const bool gated = is_gated(o.activation);
-  Linear::Options l;
-  l.in_features = o.hidden_size;
-  l.out_features = gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size;
+  Linear::Options l =
+      block_linear_options(o, o.hidden_size, gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size,
+                           ParallelMode::kColumn, o.site + ".fc1");
   if (gated) {
     l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};  // a and b sharded separately
     l.one_block_mutation = Mutation::kGatedFc1OneBlock;
   }
-  l.params = o.params;
   l.return_bias = o.params.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
-  l.parallel_mode = ParallelMode::kColumn;
-  l.sequence_parallel = o.sequence_parallel;
-  l.wgrad = o.wgrad;
-  l.site = o.site + ".fc1";
   return l;
 }
 
