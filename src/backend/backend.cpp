@@ -207,23 +207,17 @@ MatrixView as_matrix(std::string_view site, std::string_view operand, const Tens
   return {cols == 0 ? 0 : t.numel() / cols, cols};
 }
 
-}  // namespace
+// A GEMM's sizes after validation: op(A) [m, k] · op(B) [k, n] per batch entry, and each
+// operand viewed as a matrix.
+struct GemmShape {
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  MatrixView av, bv;
+};
 
-void Backend::gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
-                   bool trans_b, Tensor& c, bool accumulate, const GemmEpilogue& epilogue) {
-  gemm_front_end(site, a, trans_a, b, trans_b, c, accumulate, epilogue, false, 1.0);
-}
-
-void Backend::gemm_batched(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
-                           bool trans_b, Tensor& c, double alpha) {
-  gemm_front_end(site, a, trans_a, b, trans_b, c, false, GemmEpilogue{}, true, alpha);
-}
-
-void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
-                             bool trans_b, Tensor& c, bool accumulate,
-                             const GemmEpilogue& epilogue, bool batched, double alpha) {
-  // Validate every shape before any work.
-  const Device dev = device();
+// Validates every operand's shape and device and the epilogue's tensors before any work.
+GemmShape check_gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                     bool trans_b, const Tensor& c, const GemmEpilogue& epilogue, bool batched,
+                     Device dev) {
   const MatrixView av = as_matrix(site, "A", a, dev, batched);
   const MatrixView bv = as_matrix(site, "B", b, dev, batched);
   const MatrixView cv = as_matrix(site, "C", c, dev, batched);
@@ -266,12 +260,20 @@ void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_
                         site, gemm_epilogue_name(epilogue), m * n, dtype_name(c.dtype()),
                         device_name(dev), epilogue.aux ? epilogue.aux->describe() : "none");
   }
+  return {m, n, k, batch, av, bv};
+}
 
+// The problem an engine runs (all but its math class): row-major C = op(A)·op(B) is
+// column-major Cᵀ = op(B)ᵀ·op(A)ᵀ over the same memory.
+GemmProblem make_gemm_problem(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                              bool trans_b, Tensor& c, bool accumulate,
+                              const GemmEpilogue& epilogue, bool batched, double alpha,
+                              const GemmShape& g) {
   GemmProblem p;
   p.site = site;
-  p.m = m;
-  p.n = n;
-  p.k = k;
+  p.m = g.m;
+  p.n = g.n;
+  p.k = g.k;
   p.trans_a = trans_a;
   p.trans_b = trans_b;
   p.accumulate = accumulate;
@@ -279,32 +281,52 @@ void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_
   p.b = &b;
   p.c = &c;
   p.epilogue = epilogue;
-  p.math_class = choose_math_class(a.dtype(), b.dtype(), k);
-  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ over the same memory.
-  p.col.m = n;
-  p.col.n = m;
-  p.col.k = k;
+  p.col.m = g.n;
+  p.col.n = g.m;
+  p.col.k = g.k;
   p.col.x = &b;
   p.col.trans_x = trans_b;
-  p.col.ldx = std::max<std::int64_t>(1, bv.cols);
+  p.col.ldx = std::max<std::int64_t>(1, g.bv.cols);
   p.col.y = &a;
   p.col.trans_y = trans_a;
-  p.col.ldy = std::max<std::int64_t>(1, av.cols);
-  p.col.ldd = std::max<std::int64_t>(1, n);
-  p.batch = batch;
+  p.col.ldy = std::max<std::int64_t>(1, g.av.cols);
+  p.col.ldd = std::max<std::int64_t>(1, g.n);
+  p.batch = g.batch;
   p.alpha = alpha;
   if (batched) {
-    p.col.stride_x = bv.rows * bv.cols;
-    p.col.stride_y = av.rows * av.cols;
-    p.col.stride_d = m * n;
+    p.col.stride_x = g.bv.rows * g.bv.cols;
+    p.col.stride_y = g.av.rows * g.av.cols;
+    p.col.stride_d = g.m * g.n;
   }
+  return p;
+}
 
-  GemmRecord record = stamped_gemm_record(site, state_->rank, m, n, k, trans_a, trans_b);
+}  // namespace
+
+void Backend::gemm(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                   bool trans_b, Tensor& c, bool accumulate, const GemmEpilogue& epilogue) {
+  gemm_front_end(site, a, trans_a, b, trans_b, c, accumulate, epilogue, false, 1.0);
+}
+
+void Backend::gemm_batched(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                           bool trans_b, Tensor& c, double alpha) {
+  gemm_front_end(site, a, trans_a, b, trans_b, c, false, GemmEpilogue{}, true, alpha);
+}
+
+void Backend::gemm_front_end(std::string_view site, const Tensor& a, bool trans_a, const Tensor& b,
+                             bool trans_b, Tensor& c, bool accumulate, const GemmEpilogue& epilogue,
+                             bool batched, double alpha) {
+  const GemmShape g = check_gemm(site, a, trans_a, b, trans_b, c, epilogue, batched, device());
+  GemmProblem p =
+      make_gemm_problem(site, a, trans_a, b, trans_b, c, accumulate, epilogue, batched, alpha, g);
+  p.math_class = choose_math_class(a.dtype(), b.dtype(), g.k);
+
+  GemmRecord record = stamped_gemm_record(site, state_->rank, g.m, g.n, g.k, trans_a, trans_b);
   record.accumulate = accumulate;
   record.a_dtype = a.dtype();
   record.b_dtype = b.dtype();
   record.c_dtype = c.dtype();
-  record.batch = batch;
+  record.batch = g.batch;
   record.alpha = alpha;
   record.epilogue = std::string(gemm_epilogue_name(epilogue));
   record.math_class = p.math_class;

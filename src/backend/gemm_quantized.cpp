@@ -39,6 +39,54 @@ const QuantizedData& quantized_operand(std::string_view site, std::string_view n
   return q;
 }
 
+// The epilogue the engine runs: `given`, checked against C [m, n], with an f32 bias rounded
+// to bf16 into `bias_bf16` (which must outlive the result) when C is f32.
+GemmEpilogue quantized_epilogue(std::string_view site, const GemmEpilogue& given, const Tensor& c,
+                                Device dev, std::int64_t m, std::int64_t n, Tensor& bias_bf16) {
+  GemmEpilogue epilogue = given;
+  if (epilogue.bias != nullptr) {
+    TPCHECK_CHECK_INPUT(
+        epilogue.bias->defined() && epilogue.bias->device() == dev && epilogue.bias->numel() == n,
+        "quantized GEMM '{}': epilogue bias is {}; expected {} values on the {}", site,
+        epilogue.bias->describe(), n, device_name(dev));
+    // The reference rounds a GEMM-fused bias to bf16 when the activations are f32 and the
+    // GEMM is quantized (cuBLASLt's FP8 GEMMs take a bf16 bias with an f32 output, not an
+    // f32 one). It does so under every recipe, so both backends do: one contract.
+    if (c.dtype() == DType::kF32 && epilogue.bias->dtype() == DType::kF32) {
+      bias_bf16 = epilogue.bias->to(DType::kBF16);
+      epilogue.bias = &bias_bf16;
+    }
+  }
+  if (epilogue.activation != GemmEpilogue::Activation::kNone) {
+    TPCHECK_CHECK_INPUT(epilogue.aux != nullptr && epilogue.aux->defined() &&
+                            epilogue.aux->device() == dev && epilogue.aux->numel() == m * n &&
+                            epilogue.aux->dtype() == c.dtype(),
+                        "quantized GEMM '{}': epilogue {} needs an aux tensor of {} {} values",
+                        site, gemm_epilogue_name(epilogue), m * n, dtype_name(c.dtype()));
+  }
+  return epilogue;
+}
+
+// The recipe's alpha in p (left as it is where the recipe has none here).
+void set_alpha(QuantizedGemmProblem& p, const QuantizedData& qa, const QuantizedData& qb,
+               bool trans_a, bool trans_b) {
+  if (qa.block.empty()) {
+    // The accumulated sum times scale_inv_a · scale_inv_b. Scales on the host (the CPU
+    // backend) become alpha, which the engine applies and the record shows. Scales on the
+    // GPU stay there: cuBLASLt reads them through its scale pointers, and reading them here
+    // would make every GEMM wait for the quantization before it (alpha stays 1; the
+    // record's scale_mode says "per-tensor scale_inv pointers").
+    const Tensor& sa = trans_a ? qa.columnwise_scale_inv : qa.rowwise_scale_inv;
+    const Tensor& sb = trans_b ? qb.rowwise_scale_inv : qb.columnwise_scale_inv;
+    if (sa.device() == Device::kCpu && sb.device() == Device::kCpu) {
+      p.alpha = static_cast<float>(sa.at(0)) * static_cast<float>(sb.at(0));
+    }
+  } else if (qa.format == DType::kF4E2M1) {
+    p.alpha = nvfp4_gemm_alpha(static_cast<float>(qa.global_amax.at(0)),
+                               static_cast<float>(qb.global_amax.at(0)));
+  }
+}
+
 }  // namespace
 
 void Backend::run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord&) {
@@ -77,28 +125,8 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
                       "quantized GEMM '{}': C is {}; expected [{}, {}] in f32, f16 or bf16 on the "
                       "{}",
                       site, c.defined() ? c.describe() : "undefined", m, n, device_name(dev));
-  GemmEpilogue epilogue = given_epilogue;
   Tensor bias_bf16;
-  if (epilogue.bias != nullptr) {
-    TPCHECK_CHECK_INPUT(
-        epilogue.bias->defined() && epilogue.bias->device() == dev && epilogue.bias->numel() == n,
-        "quantized GEMM '{}': epilogue bias is {}; expected {} values on the {}", site,
-        epilogue.bias->describe(), n, device_name(dev));
-    // The reference rounds a GEMM-fused bias to bf16 when the activations are f32 and the
-    // GEMM is quantized (cuBLASLt's FP8 GEMMs take a bf16 bias with an f32 output, not an
-    // f32 one). It does so under every recipe, so both backends do: one contract.
-    if (c.dtype() == DType::kF32 && epilogue.bias->dtype() == DType::kF32) {
-      bias_bf16 = epilogue.bias->to(DType::kBF16);
-      epilogue.bias = &bias_bf16;
-    }
-  }
-  if (epilogue.activation != GemmEpilogue::Activation::kNone) {
-    TPCHECK_CHECK_INPUT(epilogue.aux != nullptr && epilogue.aux->defined() &&
-                            epilogue.aux->device() == dev && epilogue.aux->numel() == m * n &&
-                            epilogue.aux->dtype() == c.dtype(),
-                        "quantized GEMM '{}': epilogue {} needs an aux tensor of {} {} values",
-                        site, gemm_epilogue_name(epilogue), m * n, dtype_name(c.dtype()));
-  }
+  const GemmEpilogue epilogue = quantized_epilogue(site, given_epilogue, c, dev, m, n, bias_bf16);
 
   QuantizedGemmProblem p;
   p.site = site;
@@ -114,21 +142,7 @@ void Backend::gemm_quantized(std::string_view site, const Tensor& a, bool trans_
   p.epilogue = epilogue;
   p.math_class = quant_math_class(parse_recipe(qa.recipe));
   p.fast_accumulation = fast_accumulation;
-  if (qa.block.empty()) {
-    // The accumulated sum times scale_inv_a · scale_inv_b. Scales on the host (the CPU
-    // backend) become alpha, which the engine applies and the record shows. Scales on the
-    // GPU stay there: cuBLASLt reads them through its scale pointers, and reading them here
-    // would make every GEMM wait for the quantization before it (alpha stays 1; the
-    // record's scale_mode says "per-tensor scale_inv pointers").
-    const Tensor& sa = trans_a ? qa.columnwise_scale_inv : qa.rowwise_scale_inv;
-    const Tensor& sb = trans_b ? qb.rowwise_scale_inv : qb.columnwise_scale_inv;
-    if (sa.device() == Device::kCpu && sb.device() == Device::kCpu) {
-      p.alpha = static_cast<float>(sa.at(0)) * static_cast<float>(sb.at(0));
-    }
-  } else if (qa.format == DType::kF4E2M1) {
-    p.alpha = nvfp4_gemm_alpha(static_cast<float>(qa.global_amax.at(0)),
-                               static_cast<float>(qb.global_amax.at(0)));
-  }
+  set_alpha(p, qa, qb, trans_a, trans_b);
 
   GemmRecord record = stamped_gemm_record(site, state_->rank, m, n, k, trans_a, trans_b);
   record.accumulate = accumulate;

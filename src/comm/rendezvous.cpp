@@ -107,6 +107,43 @@ int normalize_collective_dim(const Tensor& t, int dim, const char* what) {
   return dim < 0 ? dim + t.rank() : dim;
 }
 
+namespace {
+
+void check_device(const Tensor& t, const char* what, const char* gpu_only) {
+  if (gpu_only == nullptr) return;
+  TPCHECK_CHECK(t.device() == Device::kCuda, "{}: {} takes GPU tensors, got {}", what, gpu_only,
+                t.describe());
+}
+
+}  // namespace
+
+int check_all_gather(const Tensor& local, int dim, const char* gpu_only) {
+  const int d = normalize_collective_dim(local, dim, "all_gather");
+  check_device(local, "all_gather", gpu_only);
+  return d;
+}
+
+int check_reduce_scatter(const Tensor& full, int dim, int world, const char* gpu_only) {
+  const int d = normalize_collective_dim(full, dim, "reduce_scatter");
+  check_device(full, "reduce_scatter", gpu_only);
+  TPCHECK_CHECK(full.dim(d) % world == 0,
+                "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
+                full.describe(), world);
+  return d;
+}
+
+void check_all_reduce(const Tensor& t, const char* gpu_only) {
+  TPCHECK_CHECK(t.defined(), "all_reduce: undefined tensor");
+  check_device(t, "all_reduce", gpu_only);
+}
+
+void check_broadcast(const Tensor& t, int root, int world, const char* gpu_only) {
+  TPCHECK_CHECK(t.defined(), "broadcast: undefined tensor");
+  check_device(t, "broadcast", gpu_only);
+  TPCHECK_CHECK(root >= 0 && root < world, "broadcast: root {} out of range for a group of {}",
+                root, world);
+}
+
 std::string describe_exception(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);

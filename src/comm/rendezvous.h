@@ -29,6 +29,16 @@ class Tensor;
 // `dim` of a collective on `t`, normalized (negative counts from the end); Error naming
 // `what` when t is undefined or dim is out of range.
 int normalize_collective_dim(const Tensor& t, int dim, const char* what);
+// The argument checks before each collective, in one order for every communicator (so a
+// bad call fails with the same message on each): the tensor defined and `dim` in range
+// (normalized and returned), its device, then the collective's own conditions (dim
+// divisible by the group size; root in the group). `gpu_only` names a communicator that
+// takes GPU tensors only ("NCCL": "all_reduce: NCCL takes GPU tensors, got ..."); nullptr
+// for one that takes any.
+int check_all_gather(const Tensor& local, int dim, const char* gpu_only);
+int check_reduce_scatter(const Tensor& full, int dim, int world, const char* gpu_only);
+void check_all_reduce(const Tensor& t, const char* gpu_only);
+void check_broadcast(const Tensor& t, int root, int world, const char* gpu_only);
 // The message of an exception held in `e` ("unknown exception" for non-std ones).
 std::string describe_exception(const std::exception_ptr& e);
 // Rethrows `e` as an Error that carries `rank` (an Error of that rank as it is).

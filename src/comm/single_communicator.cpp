@@ -5,6 +5,7 @@
 // Thread safety: one thread uses the object (see comm.h).
 #include <string>
 
+#include "comm/rendezvous.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/error.h"
 
@@ -20,16 +21,14 @@ class SingleCommunicator final : public Communicator {
 
   Tensor all_gather(const Tensor& local, int dim) override {
     enter("all_gather");
-    check_dim(local, dim, "all_gather");
-    record(CommKind::kAllGather, local, dim < 0 ? dim + local.rank() : dim, ReduceOp::kSum, 0,
-           kIdentity);
+    record(CommKind::kAllGather, local, normalize_collective_dim(local, dim, "all_gather"),
+           ReduceOp::kSum, 0, kIdentity);
     return local.clone();
   }
   Tensor reduce_scatter(const Tensor& full, int dim) override {
     enter("reduce_scatter");
-    check_dim(full, dim, "reduce_scatter");
-    record(CommKind::kReduceScatter, full, dim < 0 ? dim + full.rank() : dim, ReduceOp::kSum, 0,
-           kIdentity);
+    record(CommKind::kReduceScatter, full, normalize_collective_dim(full, dim, "reduce_scatter"),
+           ReduceOp::kSum, 0, kIdentity);
     return full.clone();
   }
   void all_reduce(Tensor& t, ReduceOp op) override {
@@ -52,11 +51,6 @@ class SingleCommunicator final : public Communicator {
     if (aborted_) {
       throw Error(ErrorKind::kAborted, "rank 0 failed: " + reason_, what, 0);
     }
-  }
-  static void check_dim(const Tensor& t, int dim, const char* what) {
-    TPCHECK_CHECK(t.defined(), "{}: undefined tensor", what);
-    TPCHECK_CHECK(dim >= -t.rank() && dim < t.rank(), "{}: dim {} out of range for {}", what, dim,
-                  t.describe());
   }
 
   bool aborted_ = false;

@@ -375,7 +375,7 @@ class ThreadCommunicator final : public Communicator {
   int size() const override { return world_; }
 
   Tensor all_gather(const Tensor& local, int dim) override {
-    Call c{Kind::kAllGather, normalize_collective_dim(local, dim, "all_gather"), ReduceOp::kSum, 0, local};
+    Call c{Kind::kAllGather, check_all_gather(local, dim, nullptr), ReduceOp::kSum, 0, local};
     record(CommKind::kAllGather, local, c.dim, ReduceOp::kSum, 0, "concatenation");
     bool shared = false;
     Tensor out = state_->exchange(rank_, std::move(c), &shared);
@@ -383,10 +383,7 @@ class ThreadCommunicator final : public Communicator {
   }
 
   Tensor reduce_scatter(const Tensor& full, int dim) override {
-    int d = normalize_collective_dim(full, dim, "reduce_scatter");
-    TPCHECK_CHECK(full.dim(d) % world_ == 0,
-                  "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
-                  full.describe(), world_);
+    const int d = check_reduce_scatter(full, dim, world_, nullptr);
     record(CommKind::kReduceScatter, full, d, ReduceOp::kSum, 0,
            reduce_algorithm(state_->order(), ReduceOp::kSum, full, world_, state_->chunk_bytes(),
                             true));
@@ -397,7 +394,7 @@ class ThreadCommunicator final : public Communicator {
   }
 
   void all_reduce(Tensor& t, ReduceOp op) override {
-    TPCHECK_CHECK(t.defined(), "all_reduce: undefined tensor");
+    check_all_reduce(t, nullptr);
     record(CommKind::kAllReduce, t, 0, op, 0,
            reduce_algorithm(state_->order(), op, t, world_, state_->chunk_bytes(), false));
     bool shared = false;
@@ -406,9 +403,7 @@ class ThreadCommunicator final : public Communicator {
   }
 
   void broadcast(Tensor& t, int root) override {
-    TPCHECK_CHECK(t.defined(), "broadcast: undefined tensor");
-    TPCHECK_CHECK(root >= 0 && root < world_, "broadcast: root {} out of range for a group of {}",
-                  root, world_);
+    check_broadcast(t, root, world_, nullptr);
     record(CommKind::kBroadcast, t, 0, ReduceOp::kSum, root, "copy from root");
     bool shared = false;
     Tensor out =

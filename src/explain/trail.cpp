@@ -190,73 +190,39 @@ bool is_backward(const TrailEntry& e) {
          "fwd";
 }
 
-std::vector<TrailEntry> build_trail(const Recording& single, const Recording* truth,
-                                    const std::vector<std::shared_ptr<Recording>>& sharded,
-                                    const TruthPolicyParams& bound) {
-  const std::vector<Labeled> single_labels = label_ops(single);
-  const std::vector<Labeled> sharded_labels = label_ops(*sharded.at(0));
-  std::map<std::pair<std::string, int>, std::size_t> single_at, truth_at;
-  for (std::size_t i = 0; i < single_labels.size(); ++i) {
-    single_at[{single_labels[i].key, single_labels[i].occurrence}] = i;
-  }
-  std::vector<Labeled> truth_labels;
-  if (truth != nullptr) {
-    truth_labels = label_ops(*truth);
-    for (std::size_t i = 0; i < truth_labels.size(); ++i) {
-      truth_at[{truth_labels[i].key, truth_labels[i].occurrence}] = i;
-    }
-  }
-  // Every rank runs the same ops; a rank that did not is reported, not compared.
-  bool ranks_agree = true;
-  for (const auto& r : sharded) {
-    ranks_agree = ranks_agree && r && r->ops.size() == sharded[0]->ops.size();
-  }
+namespace {
 
-  // (position, entry): sharded ops at their index, single-only ops just after the single
-  // op before them that was matched.
-  std::vector<std::pair<double, TrailEntry>> rows;
-  std::vector<int> single_matched(single_labels.size(), -1);
-  std::pair<int, int> last_match{-1, -1};  // (single index, sharded index) of the last match
-  for (std::size_t i = 0; i < sharded_labels.size(); ++i) {
-    const Labeled& l = sharded_labels[i];
-    TrailEntry e;
-    e.name = l.name;
-    e.op = sharded[0]->ops[i].op;
-    e.occurrence = l.occurrence;
-    auto it = single_at.find({l.key, l.occurrence});
-    if (it == single_at.end() && ranks_agree && e.op == "all_gather" && i > 0 &&
-        last_match.first >= 0 && last_match.second == static_cast<int>(i) - 1) {
-      // A sharded-only gather (sequence parallel gathers what single holds whole): in
-      // single, the tensor it gathers is the output of the op before it.
-      std::vector<Tensor> ranks;
-      for (const auto& r : sharded) ranks.push_back(r->ops[i].value);
-      const int j = last_match.first;
-      const Tensor* t = nullptr;
-      if (auto tt = truth_at.find({single_labels[j].key, single_labels[j].occurrence});
-          tt != truth_at.end()) {
-        t = &truth->ops[tt->second].value;
-      }
-      compare(e, single.ops[j].value, t, ranks, bound);
-      e.note = "only in the sharded run; compared with single's `" + single_labels[j].name + "`";
-    } else if (it == single_at.end()) {
-      e.note = "only in the sharded run";
-      e.sharded_shape = sharded[0]->ops[i].value.shape();
-    } else if (!ranks_agree) {
-      single_matched[it->second] = static_cast<int>(i);
-      e.note = "the ranks ran different op sequences";
-    } else {
-      single_matched[it->second] = static_cast<int>(i);
-      last_match = {static_cast<int>(it->second), static_cast<int>(i)};
-      std::vector<Tensor> ranks;
-      for (const auto& r : sharded) ranks.push_back(r->ops[i].value);
-      const Tensor* t = nullptr;
-      if (auto tt = truth_at.find({l.key, l.occurrence}); tt != truth_at.end()) {
-        t = &truth->ops[tt->second].value;
-      }
-      compare(e, single.ops[it->second].value, t, ranks, bound);
-    }
-    rows.emplace_back(static_cast<double>(i), std::move(e));
-  }
+using LabelIndex = std::map<std::pair<std::string, int>, std::size_t>;
+
+// Each label's (key, occurrence) → its position in the recording.
+LabelIndex index_labels(const std::vector<Labeled>& labels) {
+  LabelIndex at;
+  for (std::size_t i = 0; i < labels.size(); ++i) at[{labels[i].key, labels[i].occurrence}] = i;
+  return at;
+}
+
+// The truth run's value of the op labelled (key, occurrence); nullptr when it has none.
+const Tensor* truth_value(const Recording* truth, const LabelIndex& truth_at,
+                          const std::string& key, int occurrence) {
+  auto tt = truth_at.find({key, occurrence});
+  return tt == truth_at.end() ? nullptr : &truth->ops[tt->second].value;
+}
+
+// Every rank's value of sharded op i.
+std::vector<Tensor> rank_values(const std::vector<std::shared_ptr<Recording>>& sharded,
+                                std::size_t i) {
+  std::vector<Tensor> ranks;
+  for (const auto& r : sharded) ranks.push_back(r->ops[i].value);
+  return ranks;
+}
+
+// A trail row: its position (a sharded op's index; a single-only op just after the
+// single op before it that was matched) and its entry.
+using Row = std::pair<double, TrailEntry>;
+
+// The rows of the single ops no sharded op matched (single_matched[j] < 0).
+void add_single_only(const Recording& single, const std::vector<Labeled>& single_labels,
+                     const std::vector<int>& single_matched, std::vector<Row>& rows) {
   double anchor = -1;
   for (std::size_t j = 0; j < single_labels.size(); ++j) {
     if (single_matched[j] >= 0) {
@@ -271,6 +237,10 @@ std::vector<TrailEntry> build_trail(const Recording& single, const Recording* tr
     e.note = "only in the single run";
     rows.emplace_back(anchor + 0.5 + 1e-6 * static_cast<double>(j), std::move(e));
   }
+}
+
+// The rows in trail order, each entry numbered.
+std::vector<TrailEntry> in_order(std::vector<Row> rows) {
   std::stable_sort(rows.begin(), rows.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<TrailEntry> trail;
@@ -279,6 +249,58 @@ std::vector<TrailEntry> build_trail(const Recording& single, const Recording* tr
     trail.push_back(std::move(e));
   }
   return trail;
+}
+
+}  // namespace
+
+std::vector<TrailEntry> build_trail(const Recording& single, const Recording* truth,
+                                    const std::vector<std::shared_ptr<Recording>>& sharded,
+                                    const TruthPolicyParams& bound) {
+  const std::vector<Labeled> single_labels = label_ops(single);
+  const std::vector<Labeled> sharded_labels = label_ops(*sharded.at(0));
+  const LabelIndex single_at = index_labels(single_labels);
+  const LabelIndex truth_at = truth != nullptr ? index_labels(label_ops(*truth)) : LabelIndex{};
+  // Every rank runs the same ops; a rank that did not is reported, not compared.
+  bool ranks_agree = true;
+  for (const auto& r : sharded) {
+    ranks_agree = ranks_agree && r && r->ops.size() == sharded[0]->ops.size();
+  }
+
+  std::vector<Row> rows;
+  std::vector<int> single_matched(single_labels.size(), -1);
+  std::pair<int, int> last_match{-1, -1};  // (single index, sharded index) of the last match
+  for (std::size_t i = 0; i < sharded_labels.size(); ++i) {
+    const Labeled& l = sharded_labels[i];
+    TrailEntry e;
+    e.name = l.name;
+    e.op = sharded[0]->ops[i].op;
+    e.occurrence = l.occurrence;
+    auto it = single_at.find({l.key, l.occurrence});
+    if (it == single_at.end() && ranks_agree && e.op == "all_gather" && i > 0 &&
+        last_match.first >= 0 && last_match.second == static_cast<int>(i) - 1) {
+      // A sharded-only gather (sequence parallel gathers what single holds whole): in
+      // single, the tensor it gathers is the output of the op before it.
+      const Labeled& before = single_labels[last_match.first];
+      compare(e, single.ops[last_match.first].value,
+              truth_value(truth, truth_at, before.key, before.occurrence), rank_values(sharded, i),
+              bound);
+      e.note = "only in the sharded run; compared with single's `" + before.name + "`";
+    } else if (it == single_at.end()) {
+      e.note = "only in the sharded run";
+      e.sharded_shape = sharded[0]->ops[i].value.shape();
+    } else if (!ranks_agree) {
+      single_matched[it->second] = static_cast<int>(i);
+      e.note = "the ranks ran different op sequences";
+    } else {
+      single_matched[it->second] = static_cast<int>(i);
+      last_match = {static_cast<int>(it->second), static_cast<int>(i)};
+      compare(e, single.ops[it->second].value, truth_value(truth, truth_at, l.key, l.occurrence),
+              rank_values(sharded, i), bound);
+    }
+    rows.emplace_back(static_cast<double>(i), std::move(e));
+  }
+  add_single_only(single, single_labels, single_matched, rows);
+  return in_order(std::move(rows));
 }
 
 }  // namespace tpcheck::explain

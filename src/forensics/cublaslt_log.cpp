@@ -386,21 +386,25 @@ constexpr std::size_t kLookahead = 256;
 // in place (two ranks' copies of a call are adjacent).
 constexpr std::size_t kNearby = 4;
 
-}  // namespace
+// Calls a[i] and b[j] paired; shape_differs when they were paired with some dimension
+// different.
+CublasLtPair paired(const std::vector<CublasLtCall>& a, const std::vector<CublasLtCall>& b,
+                    std::size_t i, std::size_t j, bool shape_differs) {
+  CublasLtPair p;
+  p.a = i;
+  p.b = j;
+  p.shape_differs = shape_differs;
+  p.algorithm_differs = !a[i].same_algorithm(b[j]);
+  p.compute_differs = a[i].compute_type != b[j].compute_type || a[i].scale_type != b[j].scale_type;
+  return p;
+}
 
-std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& a,
-                                               const std::vector<CublasLtCall>& b) {
+// First pass: the two streams in order; a close match (same shape or one dimension) just
+// ahead beats pairing two calls here whose shapes differ in several dimensions.
+std::vector<CublasLtPair> align_in_order(const std::vector<CublasLtCall>& a,
+                                         const std::vector<CublasLtCall>& b) {
   std::vector<CublasLtPair> pairs;
   pairs.reserve(std::max(a.size(), b.size()));
-  auto pair = [&](std::size_t i, std::size_t j, Match kind) {
-    CublasLtPair p;
-    p.a = i;
-    p.b = j;
-    p.shape_differs = kind != Match::kSame;
-    p.algorithm_differs = !a[i].same_algorithm(b[j]);
-    p.compute_differs = a[i].compute_type != b[j].compute_type || a[i].scale_type != b[j].scale_type;
-    pairs.push_back(p);
-  };
   auto only_a = [&](std::size_t i) { pairs.push_back({i, std::nullopt}); };
   auto only_b = [&](std::size_t j) { pairs.push_back({std::nullopt, j}); };
   // The nearest resynchronization under `accept`: skips d calls of one stream.
@@ -418,18 +422,16 @@ std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& 
     }
     return false;
   };
-  // Order first; a close match (same shape or one dimension) just ahead beats pairing two
-  // calls here whose shapes differ in several dimensions.
   while (i < a.size() && j < b.size()) {
     const Match here = match_kind(a[i], b[j]);
     if (close_match(here)) {
-      pair(i, j, here);
+      pairs.push_back(paired(a, b, i, j, here != Match::kSame));
       ++i, ++j;
       continue;
     }
     if (resync(close_match, here == Match::kManyDims ? kNearby : kLookahead)) continue;
     if (here == Match::kManyDims) {
-      pair(i, j, here);
+      pairs.push_back(paired(a, b, i, j, here != Match::kSame));
       ++i, ++j;
       continue;
     }
@@ -439,9 +441,14 @@ std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& 
   }
   while (i < a.size()) only_a(i++);
   while (j < b.size()) only_b(j++);
+  return pairs;
+}
 
-  // Second pass: calls left over on both sides with the same problem pair up in order
-  // (ranks that run as threads of one process interleave differently in each run).
+// Second pass: calls left over on both sides with the same problem pair up in order
+// (ranks that run as threads of one process interleave differently in each run).
+std::vector<CublasLtPair> pair_leftovers(const std::vector<CublasLtCall>& a,
+                                         const std::vector<CublasLtCall>& b,
+                                         std::vector<CublasLtPair> pairs) {
   std::map<std::string, std::vector<std::size_t>> waiting_b;  // problem → only-B entries
   auto problem_key = [](const CublasLtCall& c) {
     return c.shape_text() + "|" + c.kind_text() + "|" + c.a.order + c.b.order + c.d.order;
@@ -457,13 +464,7 @@ std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& 
     auto it = waiting_b.find(key);
     if (it == waiting_b.end() || taken[key] >= it->second.size()) continue;
     const std::size_t entry = it->second[taken[key]++];
-    const std::size_t ai = *pairs[e].a, bj = *pairs[entry].b;
-    CublasLtPair p;
-    p.a = ai;
-    p.b = bj;
-    p.algorithm_differs = !a[ai].same_algorithm(b[bj]);
-    p.compute_differs = a[ai].compute_type != b[bj].compute_type || a[ai].scale_type != b[bj].scale_type;
-    pairs[e] = p;
+    pairs[e] = paired(a, b, *pairs[e].a, *pairs[entry].b, false);
     drop[entry] = true;
   }
   std::vector<CublasLtPair> kept;
@@ -472,6 +473,13 @@ std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& 
     if (!drop[e]) kept.push_back(pairs[e]);
   }
   return kept;
+}
+
+}  // namespace
+
+std::vector<CublasLtPair> align_cublaslt_calls(const std::vector<CublasLtCall>& a,
+                                               const std::vector<CublasLtCall>& b) {
+  return pair_leftovers(a, b, align_in_order(a, b));
 }
 
 }  // namespace tpcheck

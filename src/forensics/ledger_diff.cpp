@@ -293,17 +293,11 @@ std::string format_call_summary(const std::vector<CublasLtCall>& calls) {
 
 namespace {
 
-std::vector<std::string> diff_run_reports_unchecked(const json& a, const json& b) {
-  for (const json* r : {&a, &b}) {
-    TPCHECK_CHECK_INPUT(r->is_object() && r->value("schema", "") == "tpcheck.run/1",
-                        "not a run report (expected schema 'tpcheck.run/1')");
-    TPCHECK_CHECK_INPUT(r->contains("environment") && r->contains("cases"),
-                        "run report lacks 'environment' or 'cases'");
-  }
-  std::vector<std::string> out;
-  auto str = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+// A JSON value as a report line shows it: strings bare, the rest dumped.
+std::string json_words(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
-  // Environment (the date always differs: left out).
+// Environment keys whose values differ (the date always differs: left out).
+void diff_environment(const json& a, const json& b, std::vector<std::string>& out) {
   std::set<std::string> keys;
   for (const json* r : {&a, &b}) {
     for (auto it = (*r)["environment"].begin(); it != (*r)["environment"].end(); ++it) {
@@ -313,8 +307,77 @@ std::vector<std::string> diff_run_reports_unchecked(const json& a, const json& b
   for (const std::string& k : keys) {
     if (k == "date") continue;
     const json va = a["environment"].value(k, json()), vb = b["environment"].value(k, json());
-    if (va != vb) out.push_back(fmt::format("environment {}: {} → {}", k, str(va), str(vb)));
+    if (va != vb) {
+      out.push_back(fmt::format("environment {}: {} → {}", k, json_words(va), json_words(vb)));
+    }
   }
+}
+
+// One case's verdicts per policy that changed.
+void diff_verdicts(const std::string& id, const json& ca, const json& cb,
+                   std::vector<std::string>& out) {
+  const json va = ca.value("verdicts", json::object()), vb = cb.value("verdicts", json::object());
+  for (auto it = va.begin(); it != va.end(); ++it) {
+    const std::string sa = it.value().value("status", "?");
+    const std::string sb = vb.contains(it.key()) ? vb[it.key()].value("status", "?") : "absent";
+    if (sa != sb) {
+      out.push_back(
+          fmt::format("case {}: {} verdict {} → {}{}", id, it.key(), sa, sb,
+                      vb.contains(it.key()) ? " (" + vb[it.key()].value("reason", "") + ")" : ""));
+    }
+  }
+}
+
+// One case's GEMM sites whose single-vs-sharded class or algorithm difference changed.
+void diff_gemm_sites(const std::string& id, const json& ca, const json& cb,
+                     std::vector<std::string>& out) {
+  auto sites = [](const json& c) {
+    std::map<std::string, json> m;
+    for (const json& d : c.value("gemm_class_diffs", json::array())) {
+      m[fmt::format("{}#{}", d.value("site", ""), d.value("occurrence", 0))] = d;
+    }
+    return m;
+  };
+  const auto sa = sites(ca), sb = sites(cb);
+  auto describe = [](const json& g) {
+    std::string s = g.value("math_class", "?");
+    if (g.contains("cublaslt")) {
+      const json& lt = g["cublaslt"];
+      s += fmt::format(" algo {} {} {} splitK {}", lt.value("algo_id", -1), lt.value("tile", ""),
+                       lt.value("stages", ""), lt.value("split_k", 1));
+    }
+    return s;
+  };
+  for (const auto& [site, da] : sa) {
+    auto it = sb.find(site);
+    if (it == sb.end()) {
+      out.push_back(
+          fmt::format("case {}: GEMM {} no longer differs between single and sharded", id, site));
+      continue;
+    }
+    for (const char* run : {"single", "sharded"}) {
+      const std::string xa = describe(da.at(run)), xb = describe(it->second.at(run));
+      if (xa != xb)
+        out.push_back(fmt::format("case {}: GEMM {} {}: {} → {}", id, site, run, xa, xb));
+    }
+  }
+  for (const auto& [site, db] : sb) {
+    if (!sa.count(site)) {
+      out.push_back(fmt::format("case {}: GEMM {} now differs between single ({}) and sharded ({})",
+                                id, site, describe(db.at("single")), describe(db.at("sharded"))));
+    }
+  }
+}
+
+std::vector<std::string> diff_run_reports_unchecked(const json& a, const json& b) {
+  for (const json* r : {&a, &b}) {
+    TPCHECK_CHECK_INPUT(r->is_object() && r->value("schema", "") == "tpcheck.run/1",
+                        "not a run report (expected schema 'tpcheck.run/1')");
+    TPCHECK_CHECK_INPUT(r->contains("environment") && r->contains("cases"),
+                        "run report lacks 'environment' or 'cases'");
+  }
+  std::vector<std::string> out;
+  diff_environment(a, b, out);
 
   // Cases by id.
   std::map<std::string, const json*> cases_a, cases_b;
@@ -329,59 +392,15 @@ std::vector<std::string> diff_run_reports_unchecked(const json& a, const json& b
   for (const auto& [id, ca] : cases_a) {
     auto found = cases_b.find(id);
     if (found == cases_b.end()) continue;
-    const json& cb = *found->second;
-    // Verdicts per policy.
-    const json va = ca->value("verdicts", json::object()), vb = cb.value("verdicts", json::object());
-    for (auto it = va.begin(); it != va.end(); ++it) {
-      const std::string sa = it.value().value("status", "?");
-      const std::string sb = vb.contains(it.key()) ? vb[it.key()].value("status", "?") : "absent";
-      if (sa != sb) {
-        out.push_back(fmt::format("case {}: {} verdict {} → {}{}", id, it.key(), sa, sb,
-                                  vb.contains(it.key()) ? " (" + vb[it.key()].value("reason", "") + ")"
-                                                        : ""));
-      }
-    }
-    // GEMM sites whose single-vs-sharded class or algorithm difference changed.
-    auto sites = [](const json& c) {
-      std::map<std::string, json> m;
-      for (const json& d : c.value("gemm_class_diffs", json::array())) {
-        m[fmt::format("{}#{}", d.value("site", ""), d.value("occurrence", 0))] = d;
-      }
-      return m;
-    };
-    const auto sa = sites(*ca), sb = sites(cb);
-    auto describe = [](const json& g) {
-      std::string s = g.value("math_class", "?");
-      if (g.contains("cublaslt")) {
-        const json& lt = g["cublaslt"];
-        s += fmt::format(" algo {} {} {} splitK {}", lt.value("algo_id", -1), lt.value("tile", ""),
-                         lt.value("stages", ""), lt.value("split_k", 1));
-      }
-      return s;
-    };
-    for (const auto& [site, da] : sa) {
-      auto it = sb.find(site);
-      if (it == sb.end()) {
-        out.push_back(fmt::format("case {}: GEMM {} no longer differs between single and sharded", id, site));
-        continue;
-      }
-      for (const char* run : {"single", "sharded"}) {
-        const std::string xa = describe(da.at(run)), xb = describe(it->second.at(run));
-        if (xa != xb) out.push_back(fmt::format("case {}: GEMM {} {}: {} → {}", id, site, run, xa, xb));
-      }
-    }
-    for (const auto& [site, db] : sb) {
-      if (!sa.count(site)) {
-        out.push_back(fmt::format("case {}: GEMM {} now differs between single ({}) and sharded ({})",
-                                  id, site, describe(db.at("single")), describe(db.at("sharded"))));
-      }
-    }
+    diff_verdicts(id, *ca, *found->second, out);
+    diff_gemm_sites(id, *ca, *found->second, out);
   }
   const json sa = a.value("summary", json::object()), sb = b.value("summary", json::object());
   if (sa != sb) {
-    out.push_back(fmt::format("summary: {} passed, {} failed → {} passed, {} failed",
-                              str(sa.value("passed", json())), str(sa.value("failed", json())),
-                              str(sb.value("passed", json())), str(sb.value("failed", json()))));
+    out.push_back(fmt::format(
+        "summary: {} passed, {} failed → {} passed, {} failed",
+        json_words(sa.value("passed", json())), json_words(sa.value("failed", json())),
+        json_words(sb.value("passed", json())), json_words(sb.value("failed", json()))));
   }
   return out;
 }

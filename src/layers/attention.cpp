@@ -14,6 +14,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "layers/child_options.h"
 #include "layers/json_options.h"
 #include "tpcheck/error.h"
 
@@ -148,19 +149,6 @@ Tensor scatter_heads(const Tensor& t, const std::vector<std::int64_t>& order) {
   return gather_heads(t, inverse);
 }
 
-Linear::Options column_linear(const MultiheadAttention::Options& o, std::int64_t out,
-                              std::string site) {
-  Linear::Options l;
-  l.in_features = o.hidden_size;
-  l.out_features = out;
-  l.params = o.params;
-  l.parallel_mode = ParallelMode::kColumn;
-  l.sequence_parallel = o.sequence_parallel;
-  l.wgrad = o.wgrad;
-  l.site = std::move(site);
-  return l;
-}
-
 }  // namespace
 
 MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
@@ -176,7 +164,8 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
 
   // One projection either way, as the reference: fused, one parameter; separate, the
   // three parameters of parameters_split, still one GEMM per pass (site attn.qkv).
-  Linear::Options l = column_linear(o, (heads + 2 * g) * d, "attn.qkv");
+  Linear::Options l = block_linear_options(o, o.hidden_size, (heads + 2 * g) * d,
+                                           ParallelMode::kColumn, "attn.qkv");
   if (!o.fuse_qkv_params) {
     l.parameters_split = {{"query", heads * d}, {"key", g * d}, {"value", g * d}};
   } else if (!o.qkv_weight_interleaved) {
@@ -187,34 +176,16 @@ MultiheadAttention::MultiheadAttention(std::string prefix, Options options,
   }
   if (o.input_layernorm) {
     LayerNormLinear::Options n;
-    n.in_features = l.in_features;
-    n.out_features = l.out_features;
+    copy_linear_fields(l, n);
     n.norm = o.norm;
     n.return_layernorm_output = o.return_layernorm_output;
-    n.params = l.params;
-    n.parallel_mode = l.parallel_mode;
-    n.sequence_parallel = l.sequence_parallel;
-    n.wgrad = l.wgrad;
-    n.site = l.site;
-    n.weight_blocks = l.weight_blocks;
-    n.one_block_mutation = l.one_block_mutation;
-    n.parameters_split = l.parameters_split;
     qkv_ln_ = std::make_unique<LayerNormLinear>(qkv_prefix, n, ctx_);
   } else {
     qkv_ = std::make_unique<Linear>(qkv_prefix, l, ctx_);
   }
 
-  Linear::Options p;
-  p.in_features = heads * d;
-  p.out_features = o.hidden_size;
-  p.params = o.params;
-  p.params.init_method = o.output_layer_init_method;  // the output-side weight
-  p.return_bias = o.return_bias;
-  p.parallel_mode = ParallelMode::kRow;
-  p.sequence_parallel = o.sequence_parallel;
-  p.wgrad = o.wgrad;
-  p.site = "attn.proj";
-  proj_ = std::make_unique<Linear>(prefix_ + "proj.", p, ctx_);
+  proj_ = std::make_unique<Linear>(
+      prefix_ + "proj.", output_linear_options(o, heads * d, o.hidden_size, "attn.proj"), ctx_);
 }
 
 MultiheadAttention::~MultiheadAttention() = default;

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "layers/child_options.h"
 #include "layers/json_options.h"
 #include "tpcheck/error.h"
 
@@ -42,17 +43,7 @@ LayerNorm::Options LayerNormLinear::norm_options(const Options& o) {
 
 Linear::Options LayerNormLinear::linear_options(const Options& o) {
   Linear::Options l;
-  l.in_features = o.in_features;
-  l.out_features = o.out_features;
-  l.params = o.params;
-  l.return_bias = o.return_bias;
-  l.parallel_mode = o.parallel_mode;
-  l.sequence_parallel = o.sequence_parallel;
-  l.wgrad = o.wgrad;
-  l.site = o.site;
-  l.weight_blocks = o.weight_blocks;
-  l.one_block_mutation = o.one_block_mutation;
-  l.parameters_split = o.parameters_split;
+  copy_linear_fields(o, l);
   return l;
 }
 

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "layers/child_options.h"
 #include "layers/json_options.h"
 #include "tpcheck/error.h"
 
@@ -20,12 +21,7 @@ LayerNorm::Options mlp_norm_options(const LayerNormMLP::Options& o, int tp) {
                       "LayerNormMLP: ffn_hidden_size {} is not divisible by the tensor-parallel "
                       "size {}",
                       o.ffn_hidden_size, tp);
-  LayerNorm::Options n;
-  n.hidden_size = o.hidden_size;
-  n.norm = o.norm;
-  n.sequence_parallel = o.sequence_parallel;
-  n.params_dtype = o.params.params_dtype;
-  return n;
+  return hidden_norm_options(o);
 }
 
 // gelu: the reference's default full-precision path (NVTE_BIAS_GELU_NVFUSION=1) runs the
@@ -35,34 +31,19 @@ bool bias_gelu_fusion(const LayerNormMLP::Options& o) { return o.activation == A
 
 Linear::Options fc1_options(const LayerNormMLP::Options& o) {
   const bool gated = is_gated(o.activation);
-  Linear::Options l;
-  l.in_features = o.hidden_size;
-  l.out_features = gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size;
+  Linear::Options l =
+      block_linear_options(o, o.hidden_size, gated ? 2 * o.ffn_hidden_size : o.ffn_hidden_size,
+                           ParallelMode::kColumn, o.site + ".fc1");
   if (gated) {
     l.weight_blocks = {o.ffn_hidden_size, o.ffn_hidden_size};  // a and b sharded separately
     l.one_block_mutation = Mutation::kGatedFc1OneBlock;
   }
-  l.params = o.params;
   l.return_bias = o.params.bias && bias_gelu_fusion(o);  // kept out of the GEMM; added with gelu
-  l.parallel_mode = ParallelMode::kColumn;
-  l.sequence_parallel = o.sequence_parallel;
-  l.wgrad = o.wgrad;
-  l.site = o.site + ".fc1";
   return l;
 }
 
 Linear::Options fc2_options(const LayerNormMLP::Options& o) {
-  Linear::Options l;
-  l.in_features = o.ffn_hidden_size;
-  l.out_features = o.hidden_size;
-  l.params = o.params;
-  l.params.init_method = o.output_layer_init_method;  // the output-side weight
-  l.return_bias = o.return_bias;
-  l.parallel_mode = ParallelMode::kRow;
-  l.sequence_parallel = o.sequence_parallel;
-  l.wgrad = o.wgrad;
-  l.site = o.site + ".fc2";
-  return l;
+  return output_linear_options(o, o.ffn_hidden_size, o.hidden_size, o.site + ".fc2");
 }
 
 }  // namespace

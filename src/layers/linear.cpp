@@ -69,10 +69,11 @@ Linear::Options Linear::Options::from_json(const nlohmann::json& j) {
   return o;
 }
 
-Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
-    : options_(std::move(options)), ctx_(ctx) {
-  const Options& o = options_;
-  const int n = ctx_.tp_size();
+namespace {
+
+// The options' own consistency (sizes, weight blocks, parameter splits), as the
+// constructor's first checks.
+void check_linear_options(const Linear::Options& o) {
   TPCHECK_CHECK_INPUT(o.in_features > 0 && o.out_features > 0,
                       "{}: in_features {} and out_features {} must be positive", o.site,
                       o.in_features, o.out_features);
@@ -93,11 +94,62 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
                       o.site);
   if (!o.parameters_split.empty()) {
     std::int64_t sum = 0;
-    for (const Options::Split& s : o.parameters_split) sum += s.rows;
+    for (const Linear::Options::Split& s : o.parameters_split) sum += s.rows;
     TPCHECK_CHECK_INPUT(sum == o.out_features,
                         "{}: parameters_split rows sum to {}, expected out_features {}", o.site,
                         sum, o.out_features);
   }
+}
+
+// How this rank's weight and bias are cut from the full ones, and which rank's shard they
+// hold (another's under the shard mutations).
+struct LinearSharding {
+  ShardSpec weight, bias;
+  std::optional<ShardSpec> values_from;  // the mutated layout the values come from
+  int weight_rank = 0, bias_rank = 0;
+};
+
+LinearSharding linear_sharding(const Linear::Options& o, const ModuleContext& ctx) {
+  const int n = ctx.tp_size();
+  LinearSharding s;
+  s.weight_rank = s.bias_rank = ctx.rank();
+  if (o.parallel_mode == ParallelMode::kColumn) {
+    std::vector<std::int64_t> blocks =
+        o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks;
+    if (!o.parameters_split.empty()) {
+      blocks.clear();
+      for (const Linear::Options::Split& p : o.parameters_split) blocks.push_back(p.rows);
+    }
+    for (std::int64_t block : blocks) {
+      TPCHECK_CHECK_INPUT(block % n == 0,
+                          "{}: column-parallel out_features {} (block {}) is not divisible by the "
+                          "tensor-parallel size {}",
+                          o.site, o.out_features, block, n);
+    }
+    s.weight = ShardSpec::along(0, o.weight_blocks);
+    s.bias = ShardSpec::along(0, o.weight_blocks);
+    if (ctx.mutated(Mutation::kShardOffByOne)) s.weight_rank = (ctx.rank() + 1) % n;
+    if (!o.weight_blocks.empty() && o.one_block_mutation != Mutation::kNone &&
+        ctx.mutated(o.one_block_mutation)) {
+      s.values_from = ShardSpec::along(0);  // the bug: the fused rows split as one block
+    }
+    if (ctx.mutated(Mutation::kColumnBiasNotSharded)) s.bias_rank = 0;
+  } else if (o.parallel_mode == ParallelMode::kRow) {
+    TPCHECK_CHECK_INPUT(o.in_features % n == 0,
+                        "{}: row-parallel in_features {} is not divisible by the tensor-parallel "
+                        "size {}",
+                        o.site, o.in_features, n);
+    s.weight = ShardSpec::along(1);
+  }
+  return s;
+}
+
+}  // namespace
+
+Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
+    : options_(std::move(options)), ctx_(ctx) {
+  const Options& o = options_;
+  check_linear_options(o);
   if (ctx_.recipe != Recipe::kNone) {
     // The weight shard is quantized rowwise (fwd) and columnwise (dgrad): both dimensions
     // must fit the recipe's blocks. Checked at construction, so before any case runs.
@@ -111,37 +163,7 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
           &ctx_.delayed_scaling->add(quant_data_dtype(ctx_.recipe, role));
     }
   }
-  ShardSpec weight_shard, bias_shard;
-  std::optional<ShardSpec> values_from;  // the mutated layout the values come from
-  int weight_rank = ctx_.rank(), bias_rank = ctx_.rank();
-  if (o.parallel_mode == ParallelMode::kColumn) {
-    std::vector<std::int64_t> blocks =
-        o.weight_blocks.empty() ? std::vector{o.out_features} : o.weight_blocks;
-    if (!o.parameters_split.empty()) {
-      blocks.clear();
-      for (const Options::Split& s : o.parameters_split) blocks.push_back(s.rows);
-    }
-    for (std::int64_t block : blocks) {
-      TPCHECK_CHECK_INPUT(block % n == 0,
-                          "{}: column-parallel out_features {} (block {}) is not divisible by the "
-                          "tensor-parallel size {}",
-                          o.site, o.out_features, block, n);
-    }
-    weight_shard = ShardSpec::along(0, o.weight_blocks);
-    bias_shard = ShardSpec::along(0, o.weight_blocks);
-    if (ctx_.mutated(Mutation::kShardOffByOne)) weight_rank = (ctx_.rank() + 1) % n;
-    if (!o.weight_blocks.empty() && o.one_block_mutation != Mutation::kNone &&
-        ctx_.mutated(o.one_block_mutation)) {
-      values_from = ShardSpec::along(0);  // the bug: the fused rows split as one block
-    }
-    if (ctx_.mutated(Mutation::kColumnBiasNotSharded)) bias_rank = 0;
-  } else if (o.parallel_mode == ParallelMode::kRow) {
-    TPCHECK_CHECK_INPUT(o.in_features % n == 0,
-                        "{}: row-parallel in_features {} is not divisible by the tensor-parallel "
-                        "size {}",
-                        o.site, o.in_features, n);
-    weight_shard = ShardSpec::along(1);
-  }
+  const LinearSharding shard = linear_sharding(o, ctx_);
   const FillSpec weight_fill = o.params.init_method == InitMethod::kConstant
                                    ? FillSpec::constant(kConstantInitValue)
                                    : default_weight_fill();
@@ -150,16 +172,17 @@ Linear::Linear(std::string prefix, Options options, const ModuleContext& ctx)
   if (parts.empty()) parts.push_back({"", o.out_features});
   for (const Options::Split& part : parts) {
     const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
-    weights_.push_back(make_parameter_from_rank(
-        ctx_, stem + "weight", {part.rows, o.in_features}, weight_shard, weight_fill,
-        o.params.params_dtype, o.wgrad.fuse_wgrad_accumulation, weight_rank, values_from));
+    weights_.push_back(make_parameter_from_rank(ctx_, stem + "weight", {part.rows, o.in_features},
+                                                shard.weight, weight_fill, o.params.params_dtype,
+                                                o.wgrad.fuse_wgrad_accumulation, shard.weight_rank,
+                                                shard.values_from));
   }
   if (o.params.bias) {
     for (const Options::Split& part : parts) {
       const std::string stem = part.name.empty() ? prefix : prefix + part.name + "_";
-      Parameter b = make_parameter_from_rank(ctx_, stem + "bias", {part.rows}, bias_shard,
+      Parameter b = make_parameter_from_rank(ctx_, stem + "bias", {part.rows}, shard.bias,
                                              default_bias_fill(), o.params.params_dtype, false,
-                                             bias_rank, values_from);
+                                             shard.bias_rank, shard.values_from);
       b.sequence_parallel_grad = o.parallel_mode == ParallelMode::kRow && o.sequence_parallel;
       biases_.push_back(std::move(b));
     }

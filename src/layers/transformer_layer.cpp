@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "layers/child_options.h"
 #include "layers/json_options.h"
 #include "layers/tp_ops.h"
 #include "tpcheck/error.h"
@@ -106,12 +107,7 @@ LayerNormMLP::Options TransformerLayer::Options::mlp() const {
 namespace {
 
 LayerNorm::Options output_norm_options(const TransformerLayer::Options& o) {
-  LayerNorm::Options n;
-  n.hidden_size = o.hidden_size;
-  n.norm = o.norm;
-  n.sequence_parallel = o.sequence_parallel;
-  n.params_dtype = o.params.params_dtype;
-  return n;
+  return hidden_norm_options(o);
 }
 
 }  // namespace

@@ -211,8 +211,12 @@ std::optional<Tolerance> reference_tolerance(DType dtype) {
   }
 }
 
-TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, const Tensor* truth,
-                                 const CompareOptions& options, const Tensor* rounding_noise) {
+namespace {
+
+// compare_tensors' REQUIRES, checked: both defined and of one shape; truth and the noise
+// f64 of that shape (the noise only with a truth); all on single's device.
+void check_compare_inputs(const Tensor& sharded, const Tensor& single, const Tensor* truth,
+                          const Tensor* rounding_noise) {
   TPCHECK_CHECK_INPUT(sharded.defined() && single.defined(),
                       "compare_tensors: sharded ({}) and single ({}) must both be defined",
                       sharded.describe(), single.describe());
@@ -239,35 +243,31 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
                         "compare_tensors: {} and single {} must be on the same device",
                         t == nullptr ? "" : t->describe(), single.describe());
   }
+}
 
-  TensorComparison c;
-  c.shape = single.shape();
-  c.dtype = single.dtype();
-  c.numel = single.numel();
-
-  std::optional<Tolerance> table = reference_tolerance(c.dtype);
-  if ((options.rtol || table) && (options.atol || table)) {
-    c.has_tolerance = true;
-    c.tolerance.rtol = options.rtol ? *options.rtol : table->rtol;
-    c.tolerance.atol = options.atol ? *options.atol : table->atol;
-  }
-
+// The sums over every element (c's tolerance counts what allclose rejects), reduced where
+// the tensors are: threads on the host, the registered reduction on a device.
+CompareSums reduce_all(const Tensor& sharded, const Tensor& single, const Tensor* truth,
+                       const Tensor* rounding_noise, const TensorComparison& c) {
   CompareSums s;
-  if (c.numel > 0) {
-    const Tolerance* tol = c.has_tolerance ? &c.tolerance : nullptr;
-    if (device == Device::kCpu) {
-      s = accumulate_host({sharded, single, truth, rounding_noise, tol,
-                           diff_dtype(sharded.dtype(), single.dtype())},
-                          c.numel);
-    } else {
-      TPCHECK_CHECK_INPUT(g_device_compare != nullptr,
-                          "compare_tensors: {} is a device tensor but this build has no device "
-                          "reduction (built without CUDA)",
-                          single.describe());
-      s = g_device_compare(sharded, single, truth, tol, rounding_noise);
-    }
+  if (c.numel == 0) return s;
+  const Tolerance* tol = c.has_tolerance ? &c.tolerance : nullptr;
+  if (single.device() == Device::kCpu) {
+    return accumulate_host(
+        {sharded, single, truth, rounding_noise, tol, diff_dtype(sharded.dtype(), single.dtype())},
+        c.numel);
   }
+  TPCHECK_CHECK_INPUT(g_device_compare != nullptr,
+                      "compare_tensors: {} is a device tensor but this build has no device "
+                      "reduction (built without CUDA)",
+                      single.describe());
+  return g_device_compare(sharded, single, truth, tol, rounding_noise);
+}
 
+// The sharded-vs-single half of c: counts, the largest difference and where it is, and
+// the norm-wise relative difference.
+void set_difference(const CompareSums& s, const Tensor& sharded, const Tensor& single,
+                    TensorComparison& c) {
   c.count_over_allclose = c.has_tolerance ? s.over_allclose : -1;
   c.count_bits_differ = s.bits_differ;
   c.bitwise_equal = sharded.dtype() == single.dtype() && s.bits_differ == 0;
@@ -296,33 +296,57 @@ TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, co
   } else {
     c.norm_rel_diff = s.sq_diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
   }
+}
 
+// The against-truth half of c: each run's error, the truth's size and the scale shift.
+void set_truth(const CompareSums& s, TensorComparison& c) {
   const double n = static_cast<double>(std::max<std::int64_t>(c.numel, 1));
-  if (truth != nullptr) {
-    c.has_truth = true;
-    c.truth_nonfinite = s.truth_nonfinite;
-    c.truth_max_abs = s.truth_max_abs;
-    c.single_vs_truth = {s.single_err.index >= 0 ? s.single_err.value : 0, s.single_err.index,
-                         c.numel > 0 ? std::sqrt(s.sq_single_err / n) : 0};
-    c.sharded_vs_truth = {s.sharded_err.index >= 0 ? s.sharded_err.value : 0, s.sharded_err.index,
-                          c.numel > 0 ? std::sqrt(s.sq_sharded_err / n) : 0};
-    if (c.numel > 0) c.truth_rms = std::sqrt(s.sq_truth / n);
-    if (s.sq_single_err > 0) {
-      c.single_error_offset_share =
-          std::min(1.0, s.sum_single_err * s.sum_single_err / (n * s.sq_single_err));
-    }
-    if (s.sq_truth > 0) {
-      const double shift = s.sum_truth_diff / s.sq_truth;
-      // Σ t²(d − shift·t)², expanded; it cancels to rounding (or below 0) only when d is a
-      // rescaling of t almost exactly — then sigma is ~0 and any shift stands out.
-      const double residual = s.sum_t2_d2 - 2 * shift * s.sum_t3_d + shift * shift * s.sum_t4;
-      c.scale_shift = shift;
-      c.scale_shift_sigma = std::sqrt(std::max(residual, 0.0)) / s.sq_truth;
-      c.single_scale_error = s.sum_truth_single_err / s.sq_truth;
-      c.truth_variation = std::max(0.0, 1 - s.sum_truth * s.sum_truth / (n * s.sq_truth));
-    }
+  c.has_truth = true;
+  c.truth_nonfinite = s.truth_nonfinite;
+  c.truth_max_abs = s.truth_max_abs;
+  c.single_vs_truth = {s.single_err.index >= 0 ? s.single_err.value : 0, s.single_err.index,
+                       c.numel > 0 ? std::sqrt(s.sq_single_err / n) : 0};
+  c.sharded_vs_truth = {s.sharded_err.index >= 0 ? s.sharded_err.value : 0, s.sharded_err.index,
+                        c.numel > 0 ? std::sqrt(s.sq_sharded_err / n) : 0};
+  if (c.numel > 0) c.truth_rms = std::sqrt(s.sq_truth / n);
+  if (s.sq_single_err > 0) {
+    c.single_error_offset_share =
+        std::min(1.0, s.sum_single_err * s.sum_single_err / (n * s.sq_single_err));
   }
+  if (s.sq_truth > 0) {
+    const double shift = s.sum_truth_diff / s.sq_truth;
+    // Σ t²(d − shift·t)², expanded; it cancels to rounding (or below 0) only when d is a
+    // rescaling of t almost exactly — then sigma is ~0 and any shift stands out.
+    const double residual = s.sum_t2_d2 - 2 * shift * s.sum_t3_d + shift * shift * s.sum_t4;
+    c.scale_shift = shift;
+    c.scale_shift_sigma = std::sqrt(std::max(residual, 0.0)) / s.sq_truth;
+    c.single_scale_error = s.sum_truth_single_err / s.sq_truth;
+    c.truth_variation = std::max(0.0, 1 - s.sum_truth * s.sum_truth / (n * s.sq_truth));
+  }
+}
+
+}  // namespace
+
+TensorComparison compare_tensors(const Tensor& sharded, const Tensor& single, const Tensor* truth,
+                                 const CompareOptions& options, const Tensor* rounding_noise) {
+  check_compare_inputs(sharded, single, truth, rounding_noise);
+  TensorComparison c;
+  c.shape = single.shape();
+  c.dtype = single.dtype();
+  c.numel = single.numel();
+
+  std::optional<Tolerance> table = reference_tolerance(c.dtype);
+  if ((options.rtol || table) && (options.atol || table)) {
+    c.has_tolerance = true;
+    c.tolerance.rtol = options.rtol ? *options.rtol : table->rtol;
+    c.tolerance.atol = options.atol ? *options.atol : table->atol;
+  }
+
+  const CompareSums s = reduce_all(sharded, single, truth, rounding_noise, c);
+  set_difference(s, sharded, single, c);
+  if (truth != nullptr) set_truth(s, c);
   if (rounding_noise != nullptr && c.numel > 0) {
+    const double n = static_cast<double>(std::max<std::int64_t>(c.numel, 1));
     c.has_rounding_noise = true;
     c.rounding_noise_rms = std::sqrt(s.noise_sq / n);
     c.rounding_noise_max_abs = s.noise_max_abs;

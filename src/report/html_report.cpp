@@ -220,19 +220,20 @@ constexpr const char* kPageScript = R"js(
 })();
 )js";
 
-}  // namespace
-
-void write_html_report(std::ostream& out, const std::vector<CaseResult>& results,
-                       const std::vector<CaseRun>& runs, const RunSettings& settings,
-                       const std::vector<const CaseExplanation*>& explanations) {
-  const std::size_t chosen = settings.chosen_policy;
-  // Which cases get plots: failing ones first, then the others, at most kMaxPlottedCases.
+// Which cases get plots: failing ones first, then the others, at most kMaxPlottedCases.
+std::vector<std::size_t> plotted_cases(const std::vector<CaseResult>& results, std::size_t chosen) {
   std::vector<std::size_t> order(results.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_partition(order.begin(), order.end(),
                         [&](std::size_t i) { return !results[i].verdicts[chosen].passed(); });
   if (order.size() > kMaxPlottedCases) order.resize(kMaxPlottedCases);
+  return order;
+}
 
+// The plotted cases' data for the page script, as JSON safe inside a script element.
+std::string plot_data(const std::vector<std::size_t>& order, const std::vector<CaseResult>& results,
+                      const std::vector<CaseRun>& runs, std::size_t chosen,
+                      const std::vector<const CaseExplanation*>& explanations) {
   nlohmann::json data = {{"cases", nlohmann::json::array()}};
   for (std::size_t i : order) {
     if (i >= runs.size()) continue;
@@ -262,7 +263,13 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
   // "</" inside a script element would end it.
   for (std::size_t p = json.find("</"); p != std::string::npos; p = json.find("</", p + 2))
     json.replace(p, 2, "<\\/");
+  return json;
+}
 
+// The document's head and the run's header: settings, notes and the pass/fail count.
+void write_header(std::ostream& out, const std::vector<CaseResult>& results,
+                  const RunSettings& settings) {
+  const std::size_t chosen = settings.chosen_policy;
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       // Nothing may be fetched: scripts and styles are inline, images data: only.
       << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
@@ -291,7 +298,12 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
   int failed = 0;
   for (const CaseResult& r : results) failed += r.verdicts[chosen].passed() ? 0 : 1;
   out << fmt::format("<p>{} passed, {} failed</p>\n", results.size() - failed, failed);
+}
 
+// The table of every case: its verdicts and its deciding tensor.
+void write_case_table(std::ostream& out, const std::vector<CaseResult>& results,
+                      const RunSettings& settings) {
+  const std::size_t chosen = settings.chosen_policy;
   out << "<table id=\"cases\"><tr><th>case</th>";
   for (const Policy& p : settings.policies) out << "<th>" << policy_name(p.kind) << "</th>";
   out << "<th>deciding tensor</th><th>max |diff|</th><th>norm-wise</th></tr>\n";
@@ -315,7 +327,14 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     out << "</tr>\n";
   }
   out << "</table>\n";
+}
 
+// A section per plotted case: its verdict and reason, and explain's sentences (or how to
+// get them).
+void write_case_sections(std::ostream& out, const std::vector<std::size_t>& order,
+                         const std::vector<CaseResult>& results, const std::vector<CaseRun>& runs,
+                         std::size_t chosen,
+                         const std::vector<const CaseExplanation*>& explanations) {
   for (std::size_t i : order) {
     if (i >= runs.size()) continue;
     const CaseResult& r = results[i];
@@ -334,6 +353,19 @@ void write_html_report(std::ostream& out, const std::vector<CaseResult>& results
     }
     out << "</section>\n";
   }
+}
+
+}  // namespace
+
+void write_html_report(std::ostream& out, const std::vector<CaseResult>& results,
+                       const std::vector<CaseRun>& runs, const RunSettings& settings,
+                       const std::vector<const CaseExplanation*>& explanations) {
+  const std::size_t chosen = settings.chosen_policy;
+  const std::vector<std::size_t> order = plotted_cases(results, chosen);
+  const std::string json = plot_data(order, results, runs, chosen, explanations);
+  write_header(out, results, settings);
+  write_case_table(out, results, settings);
+  write_case_sections(out, order, results, runs, chosen, explanations);
   out << "<script>" << chartjs_source() << "</script>\n";
   out << "<script type=\"application/json\" id=\"tpcheck-data\">" << json << "</script>\n";
   out << "<script>" << kPageScript << "</script>\n</body></html>\n";

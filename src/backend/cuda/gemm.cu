@@ -39,29 +39,16 @@
 #include <string>
 #include <string_view>
 
+#include "backend/cuda/cublaslt_names.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/decoded_gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/impl_flags.h"
+#include "backend/decoded_gemm.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
 namespace {
-
-struct NamedValue {
-  int value;
-  const char* name;
-};
-#include "backend/cuda/cublaslt_names.inc"
-
-template <std::size_t N>
-std::string name_of(const NamedValue (&table)[N], int value, const char* what) {
-  for (const NamedValue& v : table) {
-    if (v.value == value) return v.name;
-  }
-  return TPCHECK_FORMAT("{}_{}", what, value);
-}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -215,25 +202,39 @@ __global__ void gelu_epilogue_f64(double* d, double* aux, long long n, bool back
 
 // Friend of CudaBackend: the engine's steps, with access to the handle and the cache.
 struct CudaGemmEngine {
+  // One cuBLASLt matmul as both engines set it up (CudaGemmEngine::run for the unquantized
+  // GEMMs, CudaQuantizedGemmEngine::run_cublaslt_fp8 for FP8): its descriptors and the
+  // heuristic preference's inputs, which the algorithm choice and the record both read.
+  // x, y, d are cuBLASLt's A, B and D (C = D); in the column-major form cuBLASLt's A is the
+  // caller's B.
+  struct LtMatmul {
+    Descriptors desc;
+    std::uint32_t align_x = 0, align_y = 0, align_d = 0;
+    std::uint64_t workspace_limit = 0;
+    GemmImplMask mask_kind = GemmImplMask::kAny;
+    std::uint64_t mask = 0;  // impl_mask_bits(mask_kind)
+  };
+
   // The algorithm's configuration and numerical flags, as cuBLASLt reports them.
   static void describe_algorithm(const CudaBackend::CachedAlgo& chosen, CublasLtAlgoRecord& lt) {
     lt.algo_id = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_ID);
     lt.tile = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
-    lt.tile_name = name_of(kTileNames, lt.tile, "TILE");
+    lt.tile_name = cuda::name_of(cuda::kTileNames, lt.tile, "TILE");
     lt.stages = static_cast<int>(algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
-    lt.stages_name = name_of(kStagesNames, lt.stages, "STAGES");
+    lt.stages_name = cuda::name_of(cuda::kStagesNames, lt.stages, "STAGES");
     lt.split_k = algo_config<std::int32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
     if (lt.split_k == 0) lt.split_k = 1;
     lt.reduction_scheme = static_cast<int>(
         algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
-    lt.reduction_scheme_name = name_of(kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
+    lt.reduction_scheme_name =
+        cuda::name_of(cuda::kReductionSchemeNames, lt.reduction_scheme, "SCHEME");
     lt.cta_swizzling = static_cast<int>(
         algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
     lt.custom_option = static_cast<int>(
         algo_config<std::uint32_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
     lt.cluster_shape = static_cast<int>(
         algo_config<std::uint16_t>(chosen.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-    lt.cluster_shape_name = name_of(kClusterShapeNames, lt.cluster_shape, "CLUSTER");
+    lt.cluster_shape_name = cuda::name_of(cuda::kClusterShapeNames, lt.cluster_shape, "CLUSTER");
     std::uint64_t flags = 0;
     std::size_t written = 0;
     TPCHECK_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
@@ -244,78 +245,167 @@ struct CudaGemmEngine {
     lt.waves_count = chosen.waves;
   }
 
-  static void run(CudaBackend& be, const GemmProblem& p, GemmRecord& record) {
-    const GemmProblem::ColumnMajor& g = p.col;
-    if (g.m == 0 || g.n == 0) return;  // nothing to write
+  // ---- the steps every GEMM engine shares ----
 
+  // The heuristic's preference for `mm` (its descriptors made): the workspace limit, the
+  // operands' alignments (x, y, d: cuBLASLt's A, B, D) and the implementation mask.
+  static void prefer(const CudaBackend& be, LtMatmul& mm, const void* x, const void* y,
+                     const void* d, GemmImplMask mask_kind) {
+    mm.align_x = alignment_of(x);
+    mm.align_y = alignment_of(y);
+    mm.align_d = alignment_of(d);
+    mm.mask_kind = mask_kind;
+    mm.mask = impl_mask_bits(mask_kind);
+    mm.workspace_limit = be.options_.workspace_bytes;
+    make_preference(&mm.desc.pref, mm.workspace_limit, mm.align_x, mm.align_y, mm.align_d, mm.mask);
+  }
+
+  // The heuristic's first algorithm for `mm`, asked once per `key` (a description of the
+  // problem that determines the heuristic's answer) and cached in the backend.
+  // no_algorithm(reason) is the error message when cuBLASLt has none (reason: its status,
+  // or "no result").
+  // REQUIRES: prefer(mm) was called.
+  template <typename Message>
+  static const CudaBackend::CachedAlgo& cached_heuristic(CudaBackend& be, const std::string& key,
+                                                         const LtMatmul& mm,
+                                                         const Message& no_algorithm) {
+    auto it = be.algo_cache_.find(key);
+    if (it != be.algo_cache_.end()) return it->second;
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(be.lt_, mm.desc.op, mm.desc.x, mm.desc.y, mm.desc.d,
+                                       mm.desc.d, mm.desc.pref, 1, &result, &returned);
+    TPCHECK_CHECK_INPUT(
+        status == CUBLAS_STATUS_SUCCESS && returned > 0, "{}",
+        no_algorithm(status == CUBLAS_STATUS_SUCCESS ? "no result"
+                                                     : cuda::cublas_status_name(status)));
+    it = be.algo_cache_
+             .emplace(key,
+                      CudaBackend::CachedAlgo{result.algo, result.workspaceSize, result.wavesCount})
+             .first;
+    return it->second;
+  }
+
+  // D = alpha · op(x) op(y) + beta · D with the chosen algorithm, on the backend's stream.
+  static void matmul(CudaBackend& be, const LtMatmul& mm, const CudaBackend::CachedAlgo& chosen,
+                     const void* alpha, const void* x, const void* y, const void* beta, void* d) {
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, mm.desc.op, alpha, x, mm.desc.x, y, mm.desc.y, beta,
+                                        d, mm.desc.d, d, mm.desc.d, &chosen.algo, be.workspace_,
+                                        be.options_.workspace_bytes, be.stream_));
+  }
+
+  // What ran, for the record: the types and epilogue as the engine set them, the chosen
+  // algorithm (describe_algorithm) and the preference it was chosen under.
+  static CublasLtAlgoRecord describe_run(const LtMatmul& mm, const CudaBackend::CachedAlgo& chosen,
+                                         std::string compute_type, std::string scale_type,
+                                         std::string epilogue) {
+    CublasLtAlgoRecord lt;
+    lt.compute_type = std::move(compute_type);
+    lt.scale_type = std::move(scale_type);
+    lt.epilogue = std::move(epilogue);
+    describe_algorithm(chosen, lt);
+    lt.workspace_limit = mm.workspace_limit;
+    lt.alignment_a = mm.align_x;  // cuBLASLt's A is the caller's B (column-major form)
+    lt.alignment_b = mm.align_y;
+    lt.alignment_c = mm.align_d;
+    lt.alignment_d = mm.align_d;
+    lt.impl_mask = std::string(gemm_impl_mask_name(mm.mask_kind));
+    return lt;
+  }
+
+  // ---- the unquantized engine (Backend::gemm) ----
+
+  // The operands in cuBLASLt's one input type, and the compute and scale types.
+  struct Operands {
+    DType in_type;
+    Tensor x, y;
+    bool f64 = false;
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale_type = CUDA_R_32F;
+  };
+
+  static Operands choose_types(const GemmProblem& p) {
+    const GemmProblem::ColumnMajor& g = p.col;
     // One input type: a 16-bit operand decides (the class rule's reading of mixed pairs).
     DType in_type = g.x->dtype();
     if (g.y->dtype() != in_type) {
       in_type = (g.x->dtype() == DType::kF32) ? g.y->dtype() : g.x->dtype();
     }
-    const Tensor x = g.x->dtype() == in_type ? *g.x : g.x->to(in_type);
-    const Tensor y = g.y->dtype() == in_type ? *g.y : g.y->to(in_type);
-    Tensor& d = *p.c;
-
-    const bool f64 = in_type == DType::kF64;
-    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-    if (f64) {
-      compute = CUBLAS_COMPUTE_64F;
+    Operands o{in_type, g.x->dtype() == in_type ? *g.x : g.x->to(in_type),
+               g.y->dtype() == in_type ? *g.y : g.y->to(in_type)};
+    o.f64 = in_type == DType::kF64;
+    if (o.f64) {
+      o.compute = CUBLAS_COMPUTE_64F;
     } else if (in_type == DType::kF32 && p.math_class == MathClass::kTf32) {
-      compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+      o.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     }
     // A pinned algorithm (explain's counterfactual re-runs) brings its compute type.
     if (p.pin != nullptr && in_type == DType::kF32) {
-      if (p.pin->compute_type == "32F_FAST_TF32") compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-      if (p.pin->compute_type == "32F") compute = CUBLAS_COMPUTE_32F;
+      if (p.pin->compute_type == "32F_FAST_TF32") o.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+      if (p.pin->compute_type == "32F") o.compute = CUBLAS_COMPUTE_32F;
     }
-    TPCHECK_CHECK_INPUT(f64 == (d.dtype() == DType::kF64),
+    TPCHECK_CHECK_INPUT(o.f64 == (p.c->dtype() == DType::kF64),
                         "GEMM '{}': {} inputs with a {} output are not a cuBLASLt combination "
                         "(f64 goes with f64 only)",
-                        p.site, dtype_name(in_type), dtype_name(d.dtype()));
-    const cudaDataType_t scale_type = f64 ? CUDA_R_64F : CUDA_R_32F;
+                        p.site, dtype_name(in_type), dtype_name(p.c->dtype()));
+    o.scale_type = o.f64 ? CUDA_R_64F : CUDA_R_32F;
+    return o;
+  }
 
-    // The epilogue; the bias in D's type (cuBLASLt's default bias type).
+  // cuBLASLt's epilogue, the bias in D's type (cuBLASLt's default bias type), and whether
+  // f64's activation runs in our own exact kernel instead (see the file comment).
+  struct Epilogue {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     Tensor bias;
+    bool f64_activation = false;
+  };
+
+  static Epilogue choose_epilogue(const GemmProblem& p, bool f64) {
+    Epilogue e;
     if (p.epilogue.bias != nullptr) {
-      bias = p.epilogue.bias->dtype() == d.dtype() ? *p.epilogue.bias
-                                                   : p.epilogue.bias->to(d.dtype());
+      e.bias = p.epilogue.bias->dtype() == p.c->dtype() ? *p.epilogue.bias
+                                                        : p.epilogue.bias->to(p.c->dtype());
     }
-    // f64: the activation in our own exact kernel (see the file comment).
-    const bool f64_activation = f64 && p.epilogue.activation != GemmEpilogue::Activation::kNone;
-    TPCHECK_CHECK_INPUT(!(f64_activation && p.accumulate),
+    e.f64_activation = f64 && p.epilogue.activation != GemmEpilogue::Activation::kNone;
+    TPCHECK_CHECK_INPUT(!(e.f64_activation && p.accumulate),
                         "GEMM '{}': an activation epilogue with accumulate is not supported",
                         p.site);
-    switch (f64_activation ? GemmEpilogue::Activation::kNone : p.epilogue.activation) {
+    switch (e.f64_activation ? GemmEpilogue::Activation::kNone : p.epilogue.activation) {
       case GemmEpilogue::Activation::kNone:
-        epilogue = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        e.epilogue = e.bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
         break;
       case GemmEpilogue::Activation::kGelu:
-        epilogue = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        e.epilogue =
+            e.bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         break;
       case GemmEpilogue::Activation::kDgelu:
-        TPCHECK_CHECK_INPUT(!bias.defined(),
+        TPCHECK_CHECK_INPUT(!e.bias.defined(),
                             "GEMM '{}': a dgelu epilogue with a bias is not a cuBLASLt epilogue",
                             p.site);
-        epilogue = CUBLASLT_EPILOGUE_DGELU;
+        e.epilogue = CUBLASLT_EPILOGUE_DGELU;
         break;
     }
+    return e;
+  }
 
-    Descriptors desc;
-    TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, compute, scale_type));
+  // The operation descriptor (compute, transposes, epilogue) and the three layouts.
+  static void make_descriptors(const GemmProblem& p, const Operands& o, const Epilogue& e,
+                               Descriptors& desc) {
+    const GemmProblem::ColumnMajor& g = p.col;
+    TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, o.compute, o.scale_type));
     const cublasOperation_t tx = g.trans_x ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t ty = g.trans_y ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, tx);
     set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, ty);
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-      set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-      if (bias.defined()) {
-        const void* bias_ptr = bias.raw();
+    if (e.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, e.epilogue);
+      if (e.bias.defined()) {
+        const void* bias_ptr = e.bias.raw();
         set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
-        set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(bias.dtype()));
+        set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(e.bias.dtype()));
       }
-      if (epilogue != CUBLASLT_EPILOGUE_BIAS) {
+      if (e.epilogue != CUBLASLT_EPILOGUE_BIAS) {
         void* aux_ptr = p.epilogue.aux->raw();
         const std::int64_t aux_ld = g.m;
         set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
@@ -324,123 +414,125 @@ struct CudaGemmEngine {
                cuda_type(p.epilogue.aux->dtype()));
       }
     }
-
     // Stored (pre-transpose) shapes of the column-major operands.
     const std::int64_t x_rows = g.trans_x ? g.k : g.m, x_cols = g.trans_x ? g.m : g.k;
     const std::int64_t y_rows = g.trans_y ? g.n : g.k, y_cols = g.trans_y ? g.k : g.n;
-    make_layout(&desc.x, cuda_type(in_type), x_rows, x_cols, g.ldx, p.batch, g.stride_x);
-    make_layout(&desc.y, cuda_type(in_type), y_rows, y_cols, g.ldy, p.batch, g.stride_y);
-    make_layout(&desc.d, cuda_type(d.dtype()), g.m, g.n, g.ldd, p.batch, g.stride_d);
+    make_layout(&desc.x, cuda_type(o.in_type), x_rows, x_cols, g.ldx, p.batch, g.stride_x);
+    make_layout(&desc.y, cuda_type(o.in_type), y_rows, y_cols, g.ldy, p.batch, g.stride_y);
+    make_layout(&desc.d, cuda_type(p.c->dtype()), g.m, g.n, g.ldd, p.batch, g.stride_d);
+  }
 
-    const std::uint32_t align_x = alignment_of(x.raw()), align_y = alignment_of(y.raw());
-    const std::uint32_t align_d = alignment_of(d.raw());
-    // A pin also restricts the implementation to the pinned algorithm's kind (FMA or tensor
-    // core), so the heuristic fallback stays in its numerical class.
+  // The implementation mask: --gemm-impl's, or, under a pin, the pinned algorithm's kind
+  // (FMA or tensor core), so the heuristic fallback stays in its numerical class.
+  static GemmImplMask mask_for(const CudaBackend& be, const GemmProblem& p) {
     GemmImplMask mask_kind = be.options_.impl_mask;
     if (p.pin != nullptr) {
       const std::uint64_t f = p.pin->numerical_impl_flags;
       if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA) mask_kind = GemmImplMask::kFma;
       else if (f & CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK) mask_kind = GemmImplMask::kTensorCore;
     }
-    const std::uint64_t mask = impl_mask_bits(mask_kind);
-    const std::uint64_t workspace_limit = be.options_.workspace_bytes;
-    make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
+    return mask_kind;
+  }
 
-    const std::string key = TPCHECK_FORMAT(
-        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(compute),
-        static_cast<int>(cuda_type(in_type)), static_cast<int>(cuda_type(d.dtype())),
-        static_cast<int>(epilogue), g.trans_x, g.trans_y, g.m, g.n, g.k, g.ldx, g.ldy, g.ldd,
-        p.batch, align_x, align_y, align_d, mask,
-        bias.defined() ? static_cast<int>(bias.dtype()) : -1, p.accumulate);
-    // The pinned algorithm itself, when cuBLASLt accepts it for this problem: an algorithm
-    // re-created with AlgoInit needs its tile and stages (and the rest of its
-    // configuration) set before AlgoCheck accepts it.
+  // The heuristic cache's key: every input of the heuristic's answer.
+  static std::string heuristic_key(const GemmProblem& p, const Operands& o, const Epilogue& e,
+                                   const LtMatmul& mm) {
+    const GemmProblem::ColumnMajor& g = p.col;
+    return TPCHECK_FORMAT("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+                          static_cast<int>(o.compute), static_cast<int>(cuda_type(o.in_type)),
+                          static_cast<int>(cuda_type(p.c->dtype())), static_cast<int>(e.epilogue),
+                          g.trans_x, g.trans_y, g.m, g.n, g.k, g.ldx, g.ldy, g.ldd, p.batch,
+                          mm.align_x, mm.align_y, mm.align_d, mm.mask,
+                          e.bias.defined() ? static_cast<int>(e.bias.dtype()) : -1, p.accumulate);
+  }
+
+  // The pinned algorithm itself, when cuBLASLt accepts it for this problem: an algorithm
+  // re-created with AlgoInit needs its tile and stages (and the rest of its
+  // configuration) set before AlgoCheck accepts it. `note` starts the record's
+  // implementation: "pinned ", or why the pin was rejected and what runs instead.
+  // REQUIRES: p.pin != nullptr and p.pin->algo_id >= 0; prefer(mm) was called.
+  static std::optional<CudaBackend::CachedAlgo> try_pin(CudaBackend& be, const GemmProblem& p,
+                                                        const Operands& o, const LtMatmul& mm,
+                                                        std::string& note) {
+    const CublasLtAlgoRecord& pin = *p.pin;
+    cublasLtMatmulAlgo_t algo{};
+    const cudaDataType_t t_in = cuda_type(o.in_type), t_d = cuda_type(p.c->dtype());
+    cublasStatus_t st = cublasLtMatmulAlgoInit(be.lt_, o.compute, o.scale_type, t_in, t_in, t_d,
+                                               t_d, pin.algo_id, &algo);
+    auto set_cfg = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const auto& v) {
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoConfigSetAttribute(&algo, attr, &v, sizeof(v));
+    };
+    set_cfg(CUBLASLT_ALGO_CONFIG_TILE_ID, static_cast<std::uint32_t>(pin.tile));
+    set_cfg(CUBLASLT_ALGO_CONFIG_STAGES_ID, static_cast<std::uint32_t>(pin.stages));
+    set_cfg(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, static_cast<std::int32_t>(pin.split_k));
+    set_cfg(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+            static_cast<std::uint32_t>(pin.reduction_scheme));
+    set_cfg(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, static_cast<std::uint32_t>(pin.cta_swizzling));
+    set_cfg(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, static_cast<std::uint32_t>(pin.custom_option));
+    set_cfg(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, static_cast<std::uint16_t>(pin.cluster_shape));
+    cublasLtMatmulHeuristicResult_t check{};
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulAlgoCheck(be.lt_, mm.desc.op, mm.desc.x, mm.desc.y, mm.desc.d, mm.desc.d,
+                                   &algo, &check);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= mm.workspace_limit) {
+      note = "pinned ";
+      return CudaBackend::CachedAlgo{algo, check.workspaceSize, check.wavesCount};
+    }
+    note = TPCHECK_FORMAT(
+        "pin of algo {} rejected ({}); heuristic under compute {} and mask {}: ", pin.algo_id,
+        st == CUBLAS_STATUS_SUCCESS ? "workspace" : cuda::cublas_status_name(st),
+        compute_type_name(o.compute), gemm_impl_mask_name(mm.mask_kind));
+    return std::nullopt;
+  }
+
+  // f64 gelu / dgelu after the GEMM, in our own exact kernel (see the file comment).
+  static void run_f64_activation(CudaBackend& be, const GemmProblem& p) {
+    const long long count = p.col.m * p.col.n * p.batch;
+    gelu_epilogue_f64<<<cuda::grid_for(count), 256, 0, be.stream_>>>(
+        static_cast<double*>(p.c->raw()), static_cast<double*>(p.epilogue.aux->raw()), count,
+        p.epilogue.activation == GemmEpilogue::Activation::kDgelu);
+    TPCHECK_LAUNCH_CHECK();
+  }
+
+  static void run(CudaBackend& be, const GemmProblem& p, GemmRecord& record) {
+    if (p.col.m == 0 || p.col.n == 0) return;  // nothing to write
+    const Operands o = choose_types(p);
+    const Epilogue e = choose_epilogue(p, o.f64);
+    Tensor& d = *p.c;
+    LtMatmul mm;
+    make_descriptors(p, o, e, mm.desc);
+    prefer(be, mm, o.x.raw(), o.y.raw(), d.raw(), mask_for(be, p));
+    const std::string key = heuristic_key(p, o, e, mm);
     std::optional<CudaBackend::CachedAlgo> pinned;
     std::string pin_note;
-    if (p.pin != nullptr && p.pin->algo_id >= 0) {
-      cublasLtMatmulAlgo_t algo{};
-      const cudaDataType_t t_in = cuda_type(in_type), t_d = cuda_type(d.dtype());
-      cublasStatus_t st = cublasLtMatmulAlgoInit(be.lt_, compute, scale_type, t_in, t_in, t_d, t_d,
-                                                 p.pin->algo_id, &algo);
-      auto set_cfg = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const auto& v) {
-        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoConfigSetAttribute(&algo, attr, &v, sizeof(v));
-      };
-      set_cfg(CUBLASLT_ALGO_CONFIG_TILE_ID, static_cast<std::uint32_t>(p.pin->tile));
-      set_cfg(CUBLASLT_ALGO_CONFIG_STAGES_ID, static_cast<std::uint32_t>(p.pin->stages));
-      set_cfg(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, static_cast<std::int32_t>(p.pin->split_k));
-      set_cfg(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, static_cast<std::uint32_t>(p.pin->reduction_scheme));
-      set_cfg(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, static_cast<std::uint32_t>(p.pin->cta_swizzling));
-      set_cfg(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, static_cast<std::uint32_t>(p.pin->custom_option));
-      set_cfg(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, static_cast<std::uint16_t>(p.pin->cluster_shape));
-      cublasLtMatmulHeuristicResult_t check{};
-      if (st == CUBLAS_STATUS_SUCCESS) {
-        st = cublasLtMatmulAlgoCheck(be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, &algo, &check);
-      }
-      if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_limit) {
-        pinned = CudaBackend::CachedAlgo{algo, check.workspaceSize, check.wavesCount};
-        pin_note = "pinned ";
-      } else {
-        pin_note = TPCHECK_FORMAT("pin of algo {} rejected ({}); heuristic under compute {} and mask {}: ",
-                                  p.pin->algo_id,
-                                  st == CUBLAS_STATUS_SUCCESS ? "workspace" : cuda::cublas_status_name(st),
-                                  compute_type_name(compute), gemm_impl_mask_name(mask_kind));
-      }
-    }
-    auto it = be.algo_cache_.find(key);
-    if (pinned) {
-      it = be.algo_cache_.end();
-    } else if (it == be.algo_cache_.end()) {
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-          be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
-      TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
-                          "GEMM '{}' (m={} n={} k={}, {} inputs, compute {}, epilogue {}): "
-                          "cuBLASLt has no algorithm under --gemm-impl {} ({}); try "
-                          "--gemm-impl any",
-                          p.site, p.m, p.n, p.k, dtype_name(in_type), compute_type_name(compute),
-                          epilogue_name(epilogue), gemm_impl_mask_name(be.options_.impl_mask),
-                          status == CUBLAS_STATUS_SUCCESS ? "no result"
-                                                          : cuda::cublas_status_name(status));
-      it = be.algo_cache_
-               .emplace(key, CudaBackend::CachedAlgo{result.algo, result.workspaceSize,
-                                                     result.wavesCount})
-               .first;
-    }
-    const CudaBackend::CachedAlgo& chosen = pinned ? *pinned : it->second;
+    if (p.pin != nullptr && p.pin->algo_id >= 0) pinned = try_pin(be, p, o, mm, pin_note);
+    const CudaBackend::CachedAlgo& chosen =
+        pinned ? *pinned : cached_heuristic(be, key, mm, [&](std::string_view reason) {
+          return TPCHECK_FORMAT(
+              "GEMM '{}' (m={} n={} k={}, {} inputs, compute {}, epilogue {}): cuBLASLt has no "
+              "algorithm under --gemm-impl {} ({}); try --gemm-impl any",
+              p.site, p.m, p.n, p.k, dtype_name(o.in_type), compute_type_name(o.compute),
+              epilogue_name(e.epilogue), gemm_impl_mask_name(be.options_.impl_mask), reason);
+        });
 
     const double alpha64 = p.alpha, beta64 = p.accumulate ? 1.0 : 0.0;
     const float alpha32 = static_cast<float>(p.alpha), beta32 = static_cast<float>(beta64);
-    const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
-    const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
-    TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, alpha, x.raw(), desc.x, y.raw(), desc.y,
-                                        beta, d.raw(), desc.d, d.raw(), desc.d, &chosen.algo,
-                                        be.workspace_, be.options_.workspace_bytes, be.stream_));
-    if (f64_activation) {
-      const long long count = g.m * g.n * p.batch;
-      gelu_epilogue_f64<<<cuda::grid_for(count), 256, 0, be.stream_>>>(
-          static_cast<double*>(d.raw()), static_cast<double*>(p.epilogue.aux->raw()), count,
-          p.epilogue.activation == GemmEpilogue::Activation::kDgelu);
-      TPCHECK_LAUNCH_CHECK();
-    }
+    const void* alpha = o.f64 ? static_cast<const void*>(&alpha64) : &alpha32;
+    const void* beta = o.f64 ? static_cast<const void*>(&beta64) : &beta32;
+    matmul(be, mm, chosen, alpha, o.x.raw(), o.y.raw(), beta, d.raw());
+    if (e.f64_activation) run_f64_activation(be, p);
 
     // What ran.
-    CublasLtAlgoRecord lt;
-    lt.compute_type = compute_type_name(compute);
-    lt.scale_type = f64 ? "64F" : "32F";
-    lt.epilogue = epilogue_name(epilogue);
-    if (f64_activation) lt.epilogue += p.epilogue.activation == GemmEpilogue::Activation::kGelu
-                                           ? " + f64 gelu kernel (aux)"
-                                           : " + f64 dgelu kernel";
-    describe_algorithm(chosen, lt);
-    lt.workspace_limit = workspace_limit;
-    lt.alignment_a = align_x;  // cuBLASLt's A is the caller's B (column-major form)
-    lt.alignment_b = align_y;
-    lt.alignment_c = align_d;
-    lt.alignment_d = align_d;
-    lt.impl_mask = std::string(gemm_impl_mask_name(mask_kind));
-    const std::uint64_t flags = lt.numerical_impl_flags;
-    record.math_class = class_from_flags(flags, p.math_class);
+    std::string epilogue = epilogue_name(e.epilogue);
+    if (e.f64_activation)
+      epilogue += p.epilogue.activation == GemmEpilogue::Activation::kGelu
+                      ? " + f64 gelu kernel (aux)"
+                      : " + f64 dgelu kernel";
+    CublasLtAlgoRecord lt = describe_run(mm, chosen, compute_type_name(o.compute),
+                                         o.f64 ? "64F" : "32F", std::move(epilogue));
+    record.math_class = class_from_flags(lt.numerical_impl_flags, p.math_class);
     record.implementation = TPCHECK_FORMAT("{}cublasLt algo {} {} {} splitK {}: {}", pin_note, lt.algo_id,
                                            lt.tile_name, lt.stages_name, lt.split_k,
                                            lt.numerical_impl);
@@ -685,7 +777,53 @@ struct CudaQuantizedGemmEngine {
     const cublasLtEpilogue_t epilogue =
         bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 
-    Descriptors desc;
+    CudaGemmEngine::LtMatmul mm;
+    make_fp8_descriptors(q, scales, bias, mm.desc);
+    CudaGemmEngine::prefer(be, mm, b_data.raw(), a_data.raw(), d.raw(), be.options_.impl_mask);
+    const cudaDataType_t tx = fp8_cuda_type(q.b->format), ty = fp8_cuda_type(q.a->format);
+    const std::int8_t fast = q.fast_accumulation ? 1 : 0;
+    const std::string key = TPCHECK_FORMAT(
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", kind, static_cast<int>(tx),
+        static_cast<int>(ty), scales.b_mode.value_or(-1), scales.a_mode.value_or(-1),
+        static_cast<int>(cuda_type(d.dtype())), static_cast<int>(epilogue), q.m, q.n, q.k,
+        mm.align_x, mm.align_y, mm.align_d, mm.mask, static_cast<int>(fast),
+        bias.defined() ? static_cast<int>(bias.dtype()) : -1, q.accumulate);
+    const CudaBackend::CachedAlgo& chosen =
+        CudaGemmEngine::cached_heuristic(be, key, mm, [&](std::string_view reason) {
+          return TPCHECK_FORMAT(
+              "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, scales {}, epilogue {}): "
+              "cuBLASLt has no {} algorithm under --gemm-impl {} ({})",
+              q.site, q.m, q.n, q.k, dtype_name(q.a->format), dtype_name(q.b->format),
+              dtype_name(d.dtype()), scales.description, epilogue_name(epilogue), kind,
+              gemm_impl_mask_name(be.options_.impl_mask), reason);
+        });
+    // alpha 1: the scales carry every factor (per tensor through the pointers; block
+    // scaling has no per-tensor factor).
+    const float alpha = 1.0f, beta = q.accumulate ? 1.0f : 0.0f;
+    if (q.m > 0 && q.n > 0) {
+      CudaGemmEngine::matmul(be, mm, chosen, &alpha, b_data.raw(), a_data.raw(), &beta, d.raw());
+    }
+
+    CublasLtAlgoRecord lt =
+        CudaGemmEngine::describe_run(mm, chosen, "32F", "32F", epilogue_name(epilogue));
+    lt.fast_accumulation = q.fast_accumulation;
+    lt.scale_mode = scales.description;  // A and B are the caller's operands
+    record.math_class = q.math_class;
+    record.implementation =
+        scales.a_mode ? TPCHECK_FORMAT("cublasLt {} algo {} {} {} splitK {}, {} accumulation, {}: {}",
+                                       kind, lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k,
+                                       q.fast_accumulation ? "fast" : "split", lt.scale_mode,
+                                       lt.numerical_impl)
+                      : TPCHECK_FORMAT("cublasLt {} algo {} {} {} splitK {}, {} accumulation: {}",
+                                       kind, lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k,
+                                       q.fast_accumulation ? "fast" : "split", lt.numerical_impl);
+    record.cublaslt = std::move(lt);
+  }
+
+  // The FP8 GEMM's operation descriptor (fp32 compute, TN, the scales, fast accumulation,
+  // the bias epilogue when `bias` is defined) and its three layouts.
+  static void make_fp8_descriptors(const QuantizedGemmProblem& q, const Fp8Scales& scales,
+                                   const Tensor& bias, Descriptors& desc) {
     TPCHECK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
     set_op(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
@@ -700,6 +838,7 @@ struct CudaQuantizedGemmEngine {
     const std::int8_t fast = q.fast_accumulation ? 1 : 0;
     set_op(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
     if (bias.defined()) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       set_op(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
       const void* bias_ptr = bias.raw();
       set_op(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
@@ -709,73 +848,7 @@ struct CudaQuantizedGemmEngine {
     const std::int64_t ld = std::max<std::int64_t>(1, q.k);
     make_layout(&desc.x, tx, q.k, q.n, ld, 1, 0);
     make_layout(&desc.y, ty, q.k, q.m, ld, 1, 0);
-    make_layout(&desc.d, cuda_type(d.dtype()), q.n, q.m, std::max<std::int64_t>(1, q.n), 1, 0);
-
-    const std::uint32_t align_x = alignment_of(b_data.raw()), align_y = alignment_of(a_data.raw());
-    const std::uint32_t align_d = alignment_of(d.raw());
-    const std::uint64_t mask = impl_mask_bits(be.options_.impl_mask);
-    const std::uint64_t workspace_limit = be.options_.workspace_bytes;
-    make_preference(&desc.pref, workspace_limit, align_x, align_y, align_d, mask);
-
-    const std::string key = TPCHECK_FORMAT(
-        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", kind, static_cast<int>(tx),
-        static_cast<int>(ty), scales.b_mode.value_or(-1), scales.a_mode.value_or(-1),
-        static_cast<int>(cuda_type(d.dtype())), static_cast<int>(epilogue), q.m, q.n, q.k,
-        align_x, align_y, align_d, mask, static_cast<int>(fast),
-        bias.defined() ? static_cast<int>(bias.dtype()) : -1, q.accumulate);
-    auto it = be.algo_cache_.find(key);
-    if (it == be.algo_cache_.end()) {
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-          be.lt_, desc.op, desc.x, desc.y, desc.d, desc.d, desc.pref, 1, &result, &returned);
-      TPCHECK_CHECK_INPUT(status == CUBLAS_STATUS_SUCCESS && returned > 0,
-                          "quantized GEMM '{}' (m={} n={} k={}, {} x {} -> {}, scales {}, "
-                          "epilogue {}): cuBLASLt has no {} algorithm under --gemm-impl {} ({})",
-                          q.site, q.m, q.n, q.k, dtype_name(q.a->format), dtype_name(q.b->format),
-                          dtype_name(d.dtype()), scales.description, epilogue_name(epilogue),
-                          kind, gemm_impl_mask_name(be.options_.impl_mask),
-                          status == CUBLAS_STATUS_SUCCESS ? "no result"
-                                                          : cuda::cublas_status_name(status));
-      it = be.algo_cache_
-               .emplace(key, CudaBackend::CachedAlgo{result.algo, result.workspaceSize,
-                                                     result.wavesCount})
-               .first;
-    }
-    const CudaBackend::CachedAlgo& chosen = it->second;
-    // alpha 1: the scales carry every factor (per tensor through the pointers; block
-    // scaling has no per-tensor factor).
-    const float alpha = 1.0f, beta = q.accumulate ? 1.0f : 0.0f;
-    if (q.m > 0 && q.n > 0) {
-      TPCHECK_CUBLAS_CHECK(cublasLtMatmul(be.lt_, desc.op, &alpha, b_data.raw(), desc.x,
-                                          a_data.raw(), desc.y, &beta, d.raw(), desc.d, d.raw(),
-                                          desc.d, &chosen.algo, be.workspace_,
-                                          be.options_.workspace_bytes, be.stream_));
-    }
-
-    CublasLtAlgoRecord lt;
-    lt.compute_type = "32F";
-    lt.scale_type = "32F";
-    lt.epilogue = epilogue_name(epilogue);
-    CudaGemmEngine::describe_algorithm(chosen, lt);
-    lt.workspace_limit = workspace_limit;
-    lt.alignment_a = align_x;  // cuBLASLt's A is the caller's B (column-major form)
-    lt.alignment_b = align_y;
-    lt.alignment_c = align_d;
-    lt.alignment_d = align_d;
-    lt.impl_mask = std::string(gemm_impl_mask_name(be.options_.impl_mask));
-    lt.fast_accumulation = q.fast_accumulation;
-    lt.scale_mode = scales.description;  // A and B are the caller's operands
-    record.math_class = q.math_class;
-    record.implementation =
-        scales.a_mode ? TPCHECK_FORMAT("cublasLt {} algo {} {} {} splitK {}, {} accumulation, {}: {}",
-                                       kind, lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k,
-                                       q.fast_accumulation ? "fast" : "split", lt.scale_mode,
-                                       lt.numerical_impl)
-                      : TPCHECK_FORMAT("cublasLt {} algo {} {} {} splitK {}, {} accumulation: {}",
-                                       kind, lt.algo_id, lt.tile_name, lt.stages_name, lt.split_k,
-                                       q.fast_accumulation ? "fast" : "split", lt.numerical_impl);
-    record.cublaslt = std::move(lt);
+    make_layout(&desc.d, cuda_type(q.c->dtype()), q.n, q.m, std::max<std::int64_t>(1, q.n), 1, 0);
   }
 
   static void run_emulated(CudaBackend& be, const QuantizedGemmProblem& q, GemmRecord& record) {

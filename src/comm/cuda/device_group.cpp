@@ -95,8 +95,7 @@ class DeviceCommunicator final : public Communicator {
   int size() const override { return world_; }
 
   Tensor all_gather(const Tensor& local, int dim) override {
-    const int d = normalize_collective_dim(local, dim, "all_gather");
-    check_device(local, "all_gather");
+    const int d = check_all_gather(local, dim, kGpuOnly);
     record(CommKind::kAllGather, local, d, ReduceOp::kSum, 0, "concatenation (device copies)");
     Tensor out;
     run(Deposit{CommKind::kAllGather, false, d, ReduceOp::kSum, 0, local}, [&] {
@@ -108,11 +107,7 @@ class DeviceCommunicator final : public Communicator {
   }
 
   Tensor reduce_scatter(const Tensor& full, int dim) override {
-    const int d = normalize_collective_dim(full, dim, "reduce_scatter");
-    check_device(full, "reduce_scatter");
-    TPCHECK_CHECK(full.dim(d) % world_ == 0,
-                  "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
-                  full.describe(), world_);
+    const int d = check_reduce_scatter(full, dim, world_, kGpuOnly);
     record(CommKind::kReduceScatter, full, d, ReduceOp::kSum, 0, algorithm(ReduceOp::kSum, full, true));
     Shape piece = full.shape();
     piece[d] /= world_;
@@ -132,8 +127,7 @@ class DeviceCommunicator final : public Communicator {
   }
 
   void all_reduce(Tensor& t, ReduceOp op) override {
-    TPCHECK_CHECK(t.defined(), "all_reduce: undefined tensor");
-    check_device(t, "all_reduce");
+    check_all_reduce(t, kGpuOnly);
     record(CommKind::kAllReduce, t, 0, op, 0, algorithm(op, t, false));
     Tensor out;
     run(Deposit{CommKind::kAllReduce, false, 0, op, 0, t}, [&] {
@@ -149,10 +143,7 @@ class DeviceCommunicator final : public Communicator {
   }
 
   void broadcast(Tensor& t, int root) override {
-    TPCHECK_CHECK(t.defined(), "broadcast: undefined tensor");
-    check_device(t, "broadcast");
-    TPCHECK_CHECK(root >= 0 && root < world_, "broadcast: root {} out of range for a group of {}",
-                  root, world_);
+    check_broadcast(t, root, world_, kGpuOnly);
     record(CommKind::kBroadcast, t, 0, ReduceOp::kSum, root, "copy from root (device)");
     Tensor copy;
     run(Deposit{CommKind::kBroadcast, false, 0, ReduceOp::kSum, root, t}, [&] {
@@ -170,10 +161,8 @@ class DeviceCommunicator final : public Communicator {
   void abort(const std::string& reason) override { g_.rv.abort(rank_, reason); }
 
  private:
-  static void check_device(const Tensor& t, const char* what) {
-    TPCHECK_CHECK(t.device() == Device::kCuda,
-                  "{}: the device group takes GPU tensors, got {}", what, t.describe());
-  }
+  // Collectives take GPU tensors only (check_all_gather and the others).
+  static constexpr const char* kGpuOnly = "the device group";
 
   std::string algorithm(ReduceOp op, const Tensor& t, bool scatter) const {
     if (g_.options.order == CommOrder::kRank) {

@@ -165,8 +165,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return world_; }
 
   Tensor all_gather(const Tensor& local, int dim) override {
-    const int d = normalize_collective_dim(local, dim, "all_gather");
-    check_device(local, "all_gather");
+    const int d = check_all_gather(local, dim, kGpuOnly);
     record(CommKind::kAllGather, local, d, ReduceOp::kSum, 0, "nccl");
     const ncclDataType_t type = nccl_type(local.dtype(), false, "all_gather");
     const std::size_t count = local.nbytes() / (type == ncclUint8 ? 1 : dtype_size(local.dtype()));
@@ -183,11 +182,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   Tensor reduce_scatter(const Tensor& full, int dim) override {
-    const int d = normalize_collective_dim(full, dim, "reduce_scatter");
-    check_device(full, "reduce_scatter");
-    TPCHECK_CHECK(full.dim(d) % world_ == 0,
-                  "reduce_scatter: dim {} of {} is not divisible by the group size {}", d,
-                  full.describe(), world_);
+    const int d = check_reduce_scatter(full, dim, world_, kGpuOnly);
     record(CommKind::kReduceScatter, full, d, ReduceOp::kSum, 0, "nccl");
     const ncclDataType_t type = nccl_type(full.dtype(), true, "reduce_scatter");
     Tensor staging = full;
@@ -209,8 +204,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_reduce(Tensor& t, ReduceOp op) override {
-    TPCHECK_CHECK(t.defined(), "all_reduce: undefined tensor");
-    check_device(t, "all_reduce");
+    check_all_reduce(t, kGpuOnly);
     record(CommKind::kAllReduce, t, 0, op, 0, "nccl");
     const ncclDataType_t type = nccl_type(t.dtype(), true, "all_reduce");
     collective("all_reduce", [&](cudaStream_t s) {
@@ -220,10 +214,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void broadcast(Tensor& t, int root) override {
-    TPCHECK_CHECK(t.defined(), "broadcast: undefined tensor");
-    check_device(t, "broadcast");
-    TPCHECK_CHECK(root >= 0 && root < world_, "broadcast: root {} out of range for a group of {}",
-                  root, world_);
+    check_broadcast(t, root, world_, kGpuOnly);
     record(CommKind::kBroadcast, t, 0, ReduceOp::kSum, root, "nccl");
     const ncclDataType_t type = nccl_type(t.dtype(), false, "broadcast");
     const std::size_t count = t.nbytes() / (type == ncclUint8 ? 1 : dtype_size(t.dtype()));
@@ -245,10 +236,8 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  static void check_device(const Tensor& t, const char* what) {
-    TPCHECK_CHECK(t.device() == Device::kCuda, "{}: NCCL takes GPU tensors, got {}", what,
-                  t.describe());
-  }
+  // Collectives take GPU tensors only (check_all_gather and the others).
+  static constexpr const char* kGpuOnly = "NCCL";
 
   void abort_comm() {
     if (comm_ != nullptr) ncclCommAbort(comm_);

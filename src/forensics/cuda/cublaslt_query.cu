@@ -14,29 +14,13 @@
 #include <string>
 #include <string_view>
 
+#include "backend/cuda/cublaslt_names.h"
 #include "backend/cuda/impl_flags.h"
 #include "tpcheck/cublaslt_log.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {
 namespace {
-
-struct NamedValue {
-  int value;
-  const char* name;
-};
-#include "backend/cuda/cublaslt_names.inc"
-
-template <std::size_t N>
-bool value_of(const NamedValue (&table)[N], std::string_view name, int& out) {
-  for (const NamedValue& v : table) {
-    if (name == v.name) {
-      out = v.value;
-      return true;
-    }
-  }
-  return false;
-}
 
 bool data_type_of(std::string_view name, cudaDataType_t& out) {
   static const std::map<std::string_view, cudaDataType_t> kTypes = {
@@ -117,9 +101,10 @@ Answer query_one(cublasLtHandle_t lt, const CublasLtCall& c) {
     return answer;
   }
   int tile = 0, stages = 0, reduction = 0, cluster = 0;
-  if (!value_of(kTileNames, c.tile, tile) || !value_of(kStagesNames, c.stages, stages) ||
-      !value_of(kReductionSchemeNames, c.reduction_scheme, reduction) ||
-      !value_of(kClusterShapeNames, c.cluster_shape, cluster)) {
+  if (!cuda::value_of(cuda::kTileNames, c.tile, tile) ||
+      !cuda::value_of(cuda::kStagesNames, c.stages, stages) ||
+      !cuda::value_of(cuda::kReductionSchemeNames, c.reduction_scheme, reduction) ||
+      !cuda::value_of(cuda::kClusterShapeNames, c.cluster_shape, cluster)) {
     answer.words = TPCHECK_FORMAT(
         "not queried: tile {} / stages {} / reduction {} / cluster {}: a name this build's "
         "cublasLt.h does not have", c.tile, c.stages, c.reduction_scheme, c.cluster_shape);

@@ -1248,6 +1248,167 @@ void launch_block_tiles(const Tensor& x, std::int64_t rows, std::int64_t cols,
 }  // namespace
 }  // namespace cuda
 
+namespace {
+
+// The per-tensor FP8 cast kernel over `aligned` (x or its 16-byte-aligned copy), launched
+// as the dependent of the amax pass before it.
+// REQUIRES: rows * cols > 0; q's copies allocated for o.usage.
+void launch_per_tensor_cast(const Tensor& x, const Tensor& aligned, std::string_view what,
+                            std::int64_t rows, std::int64_t cols, const cuda::Fp8TensorScale& fp8,
+                            const QuantUsage& usage, QuantizedData& q) {
+  using namespace cuda;
+  const long long row_tiles = (rows + kCastTile - 1) / kCastTile;
+  const long long col_tiles = (cols + kCastTile - 1) / kCastTile;
+  TPCHECK_CHECK_INPUT(row_tiles * col_tiles <= 0x7fffffffLL,
+                      "{} {}: too large for the GPU cast kernel ({} x {} tiles of 128)", what,
+                      x.describe(), row_tiles, col_tiles);
+  const unsigned grid = static_cast<unsigned>(row_tiles * col_tiles);  // tile_from_the_end
+  std::uint8_t* row_out =
+      usage.rowwise ? static_cast<std::uint8_t*>(q.rowwise_data.raw()) : nullptr;
+  std::uint8_t* col_out =
+      usage.columnwise ? static_cast<std::uint8_t*>(q.columnwise_data.raw()) : nullptr;
+  cudaLaunchAttribute after_amax_pass = programmatic_dependent_launch();
+  const auto launch = [&](auto* typed, auto format) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(typed)>>;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kCastThreads);
+    config.stream = current_stream();
+    config.attrs = &after_amax_pass;
+    config.numAttrs = 1;
+    auto* kernel = per_tensor_kernel<T, decltype(format)::value>;
+    TPCHECK_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, typed, static_cast<long long>(rows),
+                                          static_cast<long long>(cols), col_tiles, fp8, row_out,
+                                          col_out));
+  };
+  const auto launch_typed = [&](auto format) {
+    switch (x.dtype()) {
+      case DType::kF32:
+        launch(static_cast<const float*>(aligned.raw()), format);
+        break;
+      case DType::kF16:
+        launch(static_cast<const __half*>(aligned.raw()), format);
+        break;
+      default:
+        launch(static_cast<const __nv_bfloat16*>(aligned.raw()), format);
+        break;
+    }
+  };
+  if (q.format == DType::kF8E5M2) {
+    launch_typed(std::integral_constant<CastFormat, CastFormat::kE5M2>{});
+  } else {
+    launch_typed(std::integral_constant<CastFormat, CastFormat::kE4M3>{});
+  }
+  TPCHECK_LAUNCH_CHECK();
+}
+
+// Per-tensor FP8 (delayed and current scaling) into q (its rows, cols and format set).
+void quantize_per_tensor_on_gpu(const Tensor& x, const Tensor& aligned, const QuantizeOptions& o,
+                                std::string_view what, QuantizedData& q) {
+  using namespace cuda;
+  const std::int64_t rows = q.rows, cols = q.cols;
+  // Amax, scale and scale_inv stay on the GPU: no host round trip (the delayed-scaling
+  // bookkeeping reads the amax when it records it). One scale_inv tensor serves both
+  // copies (they share the scale; nothing writes it after this). Every output is
+  // allocated before the amax pass, so that nothing the allocator may queue comes
+  // between the pass and the cast kernel, which runs as its dependent.
+  q.amax = Tensor::empty({1}, DType::kF32, Device::kCuda);
+  q.global_amax = Tensor::empty({1}, DType::kF32, Device::kCuda);
+  q.scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
+  Tensor scale_inv = Tensor::empty({1}, DType::kF32, Device::kCuda);
+  if (o.usage.rowwise) {
+    q.rowwise_data = Tensor::empty({rows, cols}, q.format, Device::kCuda);
+    q.rowwise_scale_inv = scale_inv;
+  }
+  if (o.usage.columnwise) {
+    q.columnwise_data = Tensor::empty({cols, rows}, q.format, Device::kCuda);
+    q.columnwise_scale_inv = scale_inv;
+  }
+  const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
+  Fp8TensorScale fp8;
+  fp8.amax_bits = static_cast<const unsigned*>(amax_bits.raw());
+  fp8.has_given_amax = o.amax.has_value();
+  fp8.given_amax = o.amax.value_or(0.0f);
+  fp8.has_fixed_scale = o.recipe == Recipe::kFp8Delayed;
+  fp8.fixed_scale = o.scale;
+  fp8.fmax = static_cast<float>(dtype_max_finite(q.format));
+  fp8.own_amax = static_cast<float*>(q.amax.raw());
+  fp8.global_amax = static_cast<float*>(q.global_amax.raw());
+  fp8.scale = static_cast<float*>(q.scale.raw());
+  fp8.scale_inv = static_cast<float*>(scale_inv.raw());
+  if (rows * cols == 0) {
+    fp8_scale_kernel<<<1, 1, 0, current_stream()>>>(fp8);
+    TPCHECK_LAUNCH_CHECK();
+  } else {
+    launch_per_tensor_cast(x, aligned, what, rows, cols, fp8, o.usage, q);
+  }
+}
+
+// The block recipes (FP8 block scaling, MXFP8, NVFP4) into q (its rows, cols, format and
+// block set). Their blocks carry their own scales; the tensor's amax is kept
+// (FP8 block scaling and MXFP8: max-reduced by the block kernel as it reads the tiles;
+// NVFP4 needs it before the first cast, for its global scale: a pass of its own, S_enc
+// computed on the device by the tile kernel). The outputs are allocated first, so that
+// nothing the allocator may queue (a wait for another stream's event) comes between
+// NVFP4's amax pass and its tile kernel, which runs as that pass's dependent.
+void quantize_blocks_on_gpu(const Tensor& aligned, const QuantizeOptions& o, QuantizedData& q) {
+  using namespace cuda;
+  const std::int64_t rows = q.rows, cols = q.cols;
+  const std::int64_t br = q.block[0], bc = q.block[1];
+  // Each copy in its own layout: [rows/br, cols/bc] rowwise, [cols/br, rows/bc] columnwise.
+  const DType scale_dtype = o.recipe == Recipe::kFp8Block ? DType::kF32
+                            : o.recipe == Recipe::kMxfp8  ? DType::kF8E8M0
+                                                          : DType::kF8E4M3;
+  if (o.usage.rowwise) {
+    q.rowwise_data = Tensor::empty({rows, cols}, q.format, Device::kCuda);
+    q.rowwise_scale_inv = Tensor::empty({rows / br, cols / bc}, scale_dtype, Device::kCuda);
+  }
+  if (o.usage.columnwise) {
+    q.columnwise_data = Tensor::empty({cols, rows}, q.format, Device::kCuda);
+    q.columnwise_scale_inv = Tensor::empty({cols / br, rows / bc}, scale_dtype, Device::kCuda);
+  }
+  if (rows * cols == 0) {
+    q.amax = Tensor({1}, DType::kF32, Device::kCuda);  // zero-filled: the amax of nothing
+    q.global_amax = o.amax ? scalar(*o.amax) : q.amax;
+    if (o.recipe == Recipe::kNvfp4)
+      q.scale = scalar(nvfp4_global_encode_scale(o.amax.value_or(0.0f)));
+    return;
+  }
+  if (o.recipe == Recipe::kNvfp4) q.scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
+  // The f32 bits of max |x|: NVFP4's amax pass, or zeros (the constructor's fill) that
+  // the other recipes' tile kernels max-reduce into.
+  const bool amax_pass = o.recipe == Recipe::kNvfp4;
+  q.amax = amax_pass ? gpu_amax_bits(aligned) : Tensor({1}, DType::kF32, Device::kCuda);
+  q.global_amax = o.amax ? scalar(*o.amax) : q.amax;
+  unsigned* fused_amax = amax_pass ? nullptr : static_cast<unsigned*>(q.amax.raw());
+  switch (o.recipe) {
+    case Recipe::kFp8Block:
+      if (br == 1) {
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, {}, q,
+                                                               fused_amax);
+      } else {
+        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, {}, q,
+                                                              fused_amax);
+      }
+      break;
+    case Recipe::kMxfp8:
+      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, {}, q, fused_amax);
+      break;
+    default: {  // kNvfp4 (check_quantizable rejected kNone)
+      // S_enc on the device, from the amax pass or the given amax: no host round trip.
+      Nvfp4GlobalScale nvfp4;
+      nvfp4.amax_bits = static_cast<const unsigned*>(q.amax.raw());
+      nvfp4.has_given_amax = o.amax.has_value();
+      nvfp4.given_amax = o.amax.value_or(0.0f);
+      nvfp4.s_enc = static_cast<float*>(q.scale.raw());
+      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, nvfp4, q, nullptr);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOptions& o,
                                                std::string_view what) {
   using namespace cuda;
@@ -1270,133 +1431,10 @@ std::shared_ptr<QuantizedData> quantize_on_gpu(const Tensor& x, const QuantizeOp
   // The kernels read 16 bytes at once: a view that does not start on 16 bytes is read from
   // an aligned copy (the allocator's blocks are 256-byte aligned).
   const Tensor aligned = reinterpret_cast<std::uintptr_t>(x.raw()) % 16 == 0 ? x : x.clone();
-
   if (o.recipe == Recipe::kFp8Delayed || o.recipe == Recipe::kFp8Current) {
-    // Amax, scale and scale_inv stay on the GPU: no host round trip (the delayed-scaling
-    // bookkeeping reads the amax when it records it). One scale_inv tensor serves both
-    // copies (they share the scale; nothing writes it after this). Every output is
-    // allocated before the amax pass, so that nothing the allocator may queue comes
-    // between the pass and the cast kernel, which runs as its dependent.
-    q->amax = Tensor::empty({1}, DType::kF32, Device::kCuda);
-    q->global_amax = Tensor::empty({1}, DType::kF32, Device::kCuda);
-    q->scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
-    Tensor scale_inv = Tensor::empty({1}, DType::kF32, Device::kCuda);
-    if (o.usage.rowwise) {
-      q->rowwise_data = Tensor::empty({rows, cols}, q->format, Device::kCuda);
-      q->rowwise_scale_inv = scale_inv;
-    }
-    if (o.usage.columnwise) {
-      q->columnwise_data = Tensor::empty({cols, rows}, q->format, Device::kCuda);
-      q->columnwise_scale_inv = scale_inv;
-    }
-    const Tensor amax_bits = gpu_amax_bits(aligned);  // f32 bits of max |x|, on the GPU
-    Fp8TensorScale fp8;
-    fp8.amax_bits = static_cast<const unsigned*>(amax_bits.raw());
-    fp8.has_given_amax = o.amax.has_value();
-    fp8.given_amax = o.amax.value_or(0.0f);
-    fp8.has_fixed_scale = o.recipe == Recipe::kFp8Delayed;
-    fp8.fixed_scale = o.scale;
-    fp8.fmax = static_cast<float>(dtype_max_finite(q->format));
-    fp8.own_amax = static_cast<float*>(q->amax.raw());
-    fp8.global_amax = static_cast<float*>(q->global_amax.raw());
-    fp8.scale = static_cast<float*>(q->scale.raw());
-    fp8.scale_inv = static_cast<float*>(scale_inv.raw());
-    if (rows * cols == 0) {
-      fp8_scale_kernel<<<1, 1, 0, current_stream()>>>(fp8);
-      TPCHECK_LAUNCH_CHECK();
-    } else {
-      const long long row_tiles = (rows + kCastTile - 1) / kCastTile;
-      const long long col_tiles = (cols + kCastTile - 1) / kCastTile;
-      TPCHECK_CHECK_INPUT(row_tiles * col_tiles <= 0x7fffffffLL,
-                          "{} {}: too large for the GPU cast kernel ({} x {} tiles of 128)", what,
-                          x.describe(), row_tiles, col_tiles);
-      const unsigned grid = static_cast<unsigned>(row_tiles * col_tiles);  // tile_from_the_end
-      std::uint8_t* row_out = o.usage.rowwise ? static_cast<std::uint8_t*>(q->rowwise_data.raw()) : nullptr;
-      std::uint8_t* col_out = o.usage.columnwise ? static_cast<std::uint8_t*>(q->columnwise_data.raw()) : nullptr;
-      cudaLaunchAttribute after_amax_pass = programmatic_dependent_launch();
-      const auto launch = [&](auto* typed, auto format) {
-        using T = std::remove_cv_t<std::remove_pointer_t<decltype(typed)>>;
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(grid);
-        config.blockDim = dim3(kCastThreads);
-        config.stream = current_stream();
-        config.attrs = &after_amax_pass;
-        config.numAttrs = 1;
-        auto* kernel = per_tensor_kernel<T, decltype(format)::value>;
-        TPCHECK_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, typed, static_cast<long long>(rows),
-                                              static_cast<long long>(cols), col_tiles, fp8,
-                                              row_out, col_out));
-      };
-      const auto launch_typed = [&](auto format) {
-        switch (x.dtype()) {
-          case DType::kF32: launch(static_cast<const float*>(aligned.raw()), format); break;
-          case DType::kF16: launch(static_cast<const __half*>(aligned.raw()), format); break;
-          default: launch(static_cast<const __nv_bfloat16*>(aligned.raw()), format); break;
-        }
-      };
-      if (q->format == DType::kF8E5M2) {
-        launch_typed(std::integral_constant<CastFormat, CastFormat::kE5M2>{});
-      } else {
-        launch_typed(std::integral_constant<CastFormat, CastFormat::kE4M3>{});
-      }
-      TPCHECK_LAUNCH_CHECK();
-    }
-    return q;
-  }
-
-  // The block recipes. Their blocks carry their own scales; the tensor's amax is kept
-  // (FP8 block scaling and MXFP8: max-reduced by the block kernel as it reads the tiles;
-  // NVFP4 needs it before the first cast, for its global scale: a pass of its own, S_enc
-  // computed on the device by the tile kernel). The outputs are allocated first, so that
-  // nothing the allocator may queue (a wait for another stream's event) comes between
-  // NVFP4's amax pass and its tile kernel, which runs as that pass's dependent.
-  const std::int64_t br = q->block[0], bc = q->block[1];
-  // Each copy in its own layout: [rows/br, cols/bc] rowwise, [cols/br, rows/bc] columnwise.
-  const DType scale_dtype = o.recipe == Recipe::kFp8Block ? DType::kF32
-                            : o.recipe == Recipe::kMxfp8  ? DType::kF8E8M0
-                                                          : DType::kF8E4M3;
-  if (o.usage.rowwise) {
-    q->rowwise_data = Tensor::empty({rows, cols}, q->format, Device::kCuda);
-    q->rowwise_scale_inv = Tensor::empty({rows / br, cols / bc}, scale_dtype, Device::kCuda);
-  }
-  if (o.usage.columnwise) {
-    q->columnwise_data = Tensor::empty({cols, rows}, q->format, Device::kCuda);
-    q->columnwise_scale_inv = Tensor::empty({cols / br, rows / bc}, scale_dtype, Device::kCuda);
-  }
-  if (rows * cols == 0) {
-    q->amax = Tensor({1}, DType::kF32, Device::kCuda);  // zero-filled: the amax of nothing
-    q->global_amax = o.amax ? scalar(*o.amax) : q->amax;
-    if (o.recipe == Recipe::kNvfp4) q->scale = scalar(nvfp4_global_encode_scale(o.amax.value_or(0.0f)));
-    return q;
-  }
-  if (o.recipe == Recipe::kNvfp4) q->scale = Tensor::empty({1}, DType::kF32, Device::kCuda);
-  // The f32 bits of max |x|: NVFP4's amax pass, or zeros (the constructor's fill) that
-  // the other recipes' tile kernels max-reduce into.
-  const bool amax_pass = o.recipe == Recipe::kNvfp4;
-  q->amax = amax_pass ? gpu_amax_bits(aligned) : Tensor({1}, DType::kF32, Device::kCuda);
-  q->global_amax = o.amax ? scalar(*o.amax) : q->amax;
-  unsigned* fused_amax = amax_pass ? nullptr : static_cast<unsigned*>(q->amax.raw());
-  switch (o.recipe) {
-    case Recipe::kFp8Block:
-      if (br == 1) {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, false>(aligned, rows, cols, {}, *q, fused_amax);
-      } else {
-        launch_block_tiles<BlockRecipe::kFp8Block, 128, true>(aligned, rows, cols, {}, *q, fused_amax);
-      }
-      break;
-    case Recipe::kMxfp8:
-      launch_block_tiles<BlockRecipe::kMxfp8, 32, false>(aligned, rows, cols, {}, *q, fused_amax);
-      break;
-    default: {  // kNvfp4 (check_quantizable rejected kNone)
-      // S_enc on the device, from the amax pass or the given amax: no host round trip.
-      Nvfp4GlobalScale nvfp4;
-      nvfp4.amax_bits = static_cast<const unsigned*>(q->amax.raw());
-      nvfp4.has_given_amax = o.amax.has_value();
-      nvfp4.given_amax = o.amax.value_or(0.0f);
-      nvfp4.s_enc = static_cast<float*>(q->scale.raw());
-      launch_block_tiles<BlockRecipe::kNvfp4, 16, false>(aligned, rows, cols, nvfp4, *q, nullptr);
-      break;
-    }
+    quantize_per_tensor_on_gpu(x, aligned, o, what, *q);
+  } else {
+    quantize_blocks_on_gpu(aligned, o, *q);
   }
   return q;
 }
