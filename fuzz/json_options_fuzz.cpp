@@ -10,7 +10,7 @@
 #include <string>
 
 #include "tpcheck/error.h"
-#include "tpcheck/layers/attention.h"
+#include "tpcheck/layers/multihead_attention.h"
 #include "tpcheck/layers/layernorm.h"
 #include "tpcheck/layers/layernorm_linear.h"
 #include "tpcheck/layers/layernorm_mlp.h"

@@ -283,7 +283,7 @@ class Backend {
 
   // Scaled dot-product attention. q [s, b, h, d]; k, v [s, b, g, d] with g dividing h;
   // query head i uses key/value group i / (h / g). out = softmax(scale · q kᵀ + mask) v.
-  // Non-virtual: one composition for every backend (src/backend/attention.cpp) of the
+  // Non-virtual: one composition for every backend (src/backend/composed_attention.cpp) of the
   // attention primitives below and six strided batched GEMMs through gemm_batched(), so
   // the products are in the ledger and follow gemm_rule(). Sites, batch b·h:
   //   forward   attn.scores/fwd    S  = scale · Q Kᵀ     [s, s] k = d

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cli/emulate.h"
-#include "cli/explain.h"
+#include "cli/explain_command.h"
 #include "cli/log_tools.h"
 #include "cli/run_flags.h"
 #include "tpcheck/cuda_comm.h"

@@ -21,7 +21,7 @@
 // kRowBiasBeforeReduce lives in Linear's row forward (linear.cpp); kResidualBeforeReduce
 // in TransformerLayer (transformer_layer.cpp), written twice: in `combine` (the sequential
 // residual joins) and in `forward`'s parallel attention-MLP branch; kGqaWrongGroup and
-// kWindowOffset in MultiheadAttention (attention.cpp).
+// kWindowOffset in MultiheadAttention (multihead_attention.cpp).
 // Thread safety: called by one rank's thread with that rank's context.
 #pragma once
 

@@ -2,7 +2,7 @@
 // builds tpcheck's implementation of a reference-library (TransformerEngine) layer from
 // its constructor keywords, loads the caller's parameters (keyed by the reference's
 // state_dict names), and runs forward — and backward when output gradients are given — in
-// f64 on one device. No Python here; src/python/module.cpp binds it.
+// f64 on one device. No Python here; src/python/bindings.cpp binds it.
 // Thread safety: each call builds its own layer and backend.
 #pragma once
 

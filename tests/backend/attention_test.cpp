@@ -1,5 +1,5 @@
 // attention_test.cpp — scaled dot-product attention on the CPU backend (the composition of
-// src/backend/attention.cpp over the CPU primitives and GEMM engine): forward against a
+// src/backend/composed_attention.cpp over the CPU primitives and GEMM engine): forward against a
 // plainly written f64 reference (its own mask predicate, not AttentionMask::allows),
 // backward against central finite differences in f64, masked keys having no influence,
 // f32/f16/bf16 within the error the documented rounding points allow, the six products

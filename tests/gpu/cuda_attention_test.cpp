@@ -1,5 +1,5 @@
 // cuda_attention_test.cpp — attention on the CUDA backend against the CPU backend: the
-// same composition (src/backend/attention.cpp) over different primitives (attention.cu
+// same composition (src/backend/composed_attention.cpp) over different primitives (attention.cu
 // vs cpu/attention.cpp) and GEMM engines (cuBLASLt vs OpenBLAS), forward (out, probs)
 // and backward (dq, dk, dv), for f64, f32, f16, bf16; masks (none, causal, causal with a
 // left window, sliding windows), GQA and MQA, odd sizes (s, d not multiples of 8, one

@@ -10,7 +10,7 @@
 
 #include "layers/attention_harness.h"
 #include "tpcheck/error.h"
-#include "tpcheck/layers/attention.h"
+#include "tpcheck/layers/multihead_attention.h"
 
 namespace tpcheck {
 namespace {

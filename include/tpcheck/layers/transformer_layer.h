@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "tpcheck/layers/attention.h"
+#include "tpcheck/layers/multihead_attention.h"
 #include "tpcheck/layers/layernorm.h"
 #include "tpcheck/layers/layernorm_mlp.h"
 #include "tpcheck/layers/module.h"

@@ -1,7 +1,7 @@
 // attention.cpp — the CPU attention primitives: layout changes between the layers'
 // [s, b, n, d] and the heads-major [b·h, s, d] the batched GEMMs take (expanding GQA
 // groups on the way in, summing them on the way back), and the masked softmax with its
-// backward. Backend::attention_forward / attention_backward (src/backend/attention.cpp)
+// backward. Backend::attention_forward / attention_backward (src/backend/composed_attention.cpp)
 // compose them with the GEMM front end, so attention's products are ledger GEMMs (the
 // CPU GEMM engine, gemm.cpp, under the backend's class rule) and nothing here multiplies
 // matrices.

@@ -34,8 +34,8 @@ class CpuBackend final : public Backend {
   void run_gemm(const GemmProblem& p, GemmRecord& record) override;
   void run_gemm_quantized(const QuantizedGemmProblem& p, GemmRecord& record) override;
 
-  // attention.cpp (the primitives; Backend::attention_forward / attention_backward compose
-  // them with the GEMM front end)
+  // attention.cpp (the primitives; Backend::attention_forward / attention_backward in
+  // src/backend/composed_attention.cpp compose them with the GEMM front end)
   Tensor attention_heads_in(const Tensor& x, std::int64_t heads) override;
   Tensor attention_heads_out(const Tensor& x, std::int64_t batch, std::int64_t groups) override;
   Tensor attention_softmax_forward(const Tensor& scores, const AttentionMask& mask) override;

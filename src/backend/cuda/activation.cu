@@ -16,7 +16,7 @@
 //   x  [rows, m] T (m = n, or 2n gated)   y  [rows, n] T   dy [rows, n]   dx [rows, m] T
 // Thread safety: see cuda_backend.h.
 #include "backend/cuda/activation_math.cuh"
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/kernel_util.cuh"

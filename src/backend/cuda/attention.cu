@@ -2,7 +2,7 @@
 // layout changes between the layers' [s, b, n, d] and the heads-major [b·h, s, d] the
 // batched GEMMs take (expanding GQA groups on the way in, summing them on the way back),
 // and the masked softmax with its backward. Backend::attention_forward /
-// attention_backward (src/backend/attention.cpp) compose them with the GEMM front end,
+// attention_backward (src/backend/composed_attention.cpp) compose them with the GEMM front end,
 // whose CUDA engine is gemm.cu (cuBLASLt), so attention's six products are ledger GEMMs
 // and follow the class rule (TF32 for f32 when the rule says so).
 //
@@ -32,7 +32,7 @@
 #include <cmath>
 #include <string>
 
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/kernel_util.cuh"

@@ -13,7 +13,7 @@
 //   dy     [rows, n]  any kernel dtype  dbias  [n]  any kernel dtype (accumulated)
 // Thread safety: see cuda_backend.h (one rank at a time, on the rank's stream).
 #include "backend/cuda/column_reduce.cuh"
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/kernel_util.cuh"

@@ -25,7 +25,7 @@
 
 #include "backend/cuda/activation_math.cuh"
 #include "backend/cuda/column_reduce.cuh"
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/kernel_util.cuh"

@@ -17,7 +17,7 @@
 // Thread safety: see cuda_backend.h.
 #include <cstddef>
 
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/kernel_util.cuh"

@@ -1,6 +1,6 @@
 // cuda_backend.cu — CudaBackend's lifetime (stream, cuBLASLt handle, workspace), the
 // factory, versions for reports, and the error functions behind cuda_check.h.
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 
 #include <cuda_profiler_api.h>
 #include <nccl.h>

@@ -5,7 +5,7 @@
 // problem is one this path supports: q, k, v f16 or bf16, no mask or a causal mask
 // without a window, head dim a multiple of 8 up to 256, and cuDNN accepts the graph.
 // Otherwise the hooks return false and Backend::attention_forward composes the unfused
-// primitives (src/backend/attention.cpp); the ledger's implementation text says which ran.
+// primitives (src/backend/composed_attention.cpp); the ledger's implementation text says which ran.
 //
 // Numerics (against the unfused path, whose rounding points are the reference's unfused
 // attention): the scores are never stored; the softmax is computed online in f32 over
@@ -31,7 +31,7 @@
 // the process: the suite makes a backend per run. One cuDNN handle per device, shared by
 // the rank threads under a mutex held while a call is enqueued on the rank's stream.
 // Thread safety: any rank thread; the per-device state is locked.
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 
 #include <string>
 

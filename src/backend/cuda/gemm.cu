@@ -40,7 +40,7 @@
 #include <string_view>
 
 #include "backend/cuda/cublaslt_names.h"
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/impl_flags.h"

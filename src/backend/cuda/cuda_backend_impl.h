@@ -1,4 +1,4 @@
-// cuda_backend.h — CudaBackend: every Backend op on one GPU.
+// cuda_backend_impl.h — CudaBackend: every Backend op on one GPU.
 //
 // One object per rank: its own stream (every op and every Tensor operation of its thread
 // runs there), its own cuBLASLt handle and 32 MiB workspace (256-byte aligned), so ranks

@@ -1,7 +1,7 @@
-// explain.cpp — `tpcheck explain CASE`: one case run with every intermediate recorded,
+// explain_command.cpp — `tpcheck explain CASE`: one case run with every intermediate recorded,
 // GEMM class changes attributed and proved by forced re-runs, and a sentence that says
 // why the sharded run differs (tpcheck/explain.h).
-#include "cli/explain.h"
+#include "cli/explain_command.h"
 
 #include <fmt/ostream.h>
 

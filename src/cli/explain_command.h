@@ -1,4 +1,4 @@
-// explain.h — the `tpcheck explain CASE` command (src/explain/ does the work).
+// explain_command.h — the `tpcheck explain CASE` command (src/explain/ does the work).
 #pragma once
 
 #include <CLI/CLI.hpp>

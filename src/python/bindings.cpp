@@ -1,4 +1,4 @@
-// module.cpp — tpcheck._tpcheck, the compiled half of the Python package (python/tpcheck
+// bindings.cpp — tpcheck._tpcheck, the compiled half of the Python package (python/tpcheck
 // is the other half: the Verdict class, argument defaults, the torchrun launch).
 //
 //   compare(...)        compare_tensors + evaluate on DLPack arrays, zero-copy; a dict

@@ -1,4 +1,4 @@
-// tpcheck/layers/attention.h — MultiheadAttention: input norm, QKV projection, scaled
+// tpcheck/layers/multihead_attention.h — MultiheadAttention: input norm, QKV projection, scaled
 // dot-product attention with GQA and masks, output projection.
 //
 // docs/LAYERS.md ("MultiheadAttention") is the contract. Parameters, in order (names are

@@ -1,5 +1,6 @@
-// attention.cpp — MultiheadAttention (include/tpcheck/layers/attention.h): the QKV head
-// split, the attention core and the wiring of the generic layers around it.
+// multihead_attention.cpp — MultiheadAttention
+// (include/tpcheck/layers/multihead_attention.h): the QKV head split, the attention core
+// and the wiring of the generic layers around it.
 //
 // Buffers (T = s·b tokens, s outer; hl = heads/N, gl = g/N local heads and groups,
 // hg = heads/g query heads per group, d = head dim):
@@ -9,7 +10,7 @@
 //   q, dq       [s, b, hl, d];  k, v, dk, dv [s, b, gl, d]
 //   o, do       [s, b, hl, d] → viewed [s, b, hl·d] as the projection's features slice
 // Thread safety: a layer object belongs to one rank.
-#include "tpcheck/layers/attention.h"
+#include "tpcheck/layers/multihead_attention.h"
 
 #include <cmath>
 #include <nlohmann/json.hpp>

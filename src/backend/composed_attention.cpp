@@ -1,4 +1,4 @@
-// attention.cpp — Backend::attention_forward / attention_backward: scaled dot-product
+// composed_attention.cpp — Backend::attention_forward / attention_backward: scaled dot-product
 // attention (masks, grouped-query attention), written once for every backend as a
 // composition of the backend's attention primitives and the GEMM front end.
 //
