@@ -43,6 +43,15 @@ class OptionReader {
   // unchanged when the key is absent. The one reader of the key (MultiheadAttention and
   // TransformerLayer both take it).
   void get_window_size(std::int64_t& left, std::int64_t& right);
+  // The attention shape MultiheadAttention and TransformerLayer share, read once:
+  // window_size, hidden_size (required), num_attention_heads (required), num_gqa_groups.
+  template <typename AttentionOptions>
+  void get_attention_shape(AttentionOptions& o) {
+    get_window_size(o.window_left, o.window_right);
+    o.hidden_size = get_size("hidden_size", true);
+    o.num_attention_heads = get_size("num_attention_heads", true);
+    o.num_gqa_groups = get_size("num_gqa_groups", false);
+  }
 
   // The option groups (option_groups.h), each read here and nowhere else, with the
   // group's own defaults. `eps_key`: "eps" or "layernorm_epsilon" (the layer's name for it).

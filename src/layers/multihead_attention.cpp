@@ -62,10 +62,7 @@ void normalize_window_size(AttnMaskType mask, std::int64_t& left, std::int64_t& 
 MultiheadAttention::Options MultiheadAttention::Options::from_json(const nlohmann::json& j) {
   OptionReader r(j, "MultiheadAttention");
   Options o;
-  r.get_window_size(o.window_left, o.window_right);
-  o.hidden_size = r.get_size("hidden_size", true);
-  o.num_attention_heads = r.get_size("num_attention_heads", true);
-  o.num_gqa_groups = r.get_size("num_gqa_groups", false);
+  r.get_attention_shape(o);
   const std::vector<std::string_view> masks = {"causal", "no_mask"};
   o.attn_mask_type = parse_attn_mask_type(
       r.get_choice("attn_mask_type", r.get_choice("self_attn_mask_type", "causal", masks), masks));

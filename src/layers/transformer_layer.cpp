@@ -20,11 +20,8 @@ namespace tpcheck {
 TransformerLayer::Options TransformerLayer::Options::from_json(const nlohmann::json& j) {
   OptionReader r(j, "TransformerLayer");
   Options o;
-  r.get_window_size(o.window_left, o.window_right);
-  o.hidden_size = r.get_size("hidden_size", true);
+  r.get_attention_shape(o);
   o.ffn_hidden_size = r.get_size("ffn_hidden_size", true);
-  o.num_attention_heads = r.get_size("num_attention_heads", true);
-  o.num_gqa_groups = r.get_size("num_gqa_groups", false);
   o.self_attn_mask_type =
       parse_attn_mask_type(r.get_choice("self_attn_mask_type", "causal", {"causal", "no_mask"}));
   o.apply_residual_connection_post_layernorm = r.get_bool(
