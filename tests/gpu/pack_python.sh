@@ -46,6 +46,12 @@ mkdir -p "$stage"
 tar -C "$stage" -xzf .devrun/devrun.tgz
 rm -rf "$stage/python" && mkdir -p "$stage/python/tpcheck"
 cp python/tpcheck/*.py python/tpcheck/py.typed "$stage/python/tpcheck/"
+# Subpackages (tpcheck.torch and its start-up hook), without caches.
+for sub in python/tpcheck/*/; do
+  [ -d "$sub" ] || continue
+  (cd python/tpcheck && find "$(basename "$sub")" -name __pycache__ -prune -o -type f -name '*.py' \
+    -print0 | xargs -0 cp --parents -t "$stage/python/tpcheck")
+done
 # The type stubs: nanobind's stubgen output for build/'s module (the same sources).
 cp "$build/python/tpcheck/_tpcheck.pyi" "$stage/python/tpcheck/"
 strip -o "$stage/python/tpcheck/_tpcheck$suffix" "$module"
