@@ -81,28 +81,27 @@ CLI::App* add_trace_command(CLI::App& app, TraceArgs& args) {
   return cmd;
 }
 
-int trace_command(const TraceArgs& args) {
-  TPCHECK_CHECK_INPUT(args.level == 2 || args.level == 5,
-                      "--level must be 2 (Trace) or 5 (API trace), got {}", args.level);
-  TPCHECK_CHECK_INPUT(!args.command.empty(), "trace needs a program to run: tpcheck trace -- CMD ARGS...");
-  if (args.query) {
-    TPCHECK_CHECK_INPUT(cublaslt_query_available(),
-                        "--query needs tpcheck built with CUDA (this build has TPCHECK_CUDA=OFF)");
-  }
+namespace {
+
+// The --out folder, created, without the logs of an earlier trace (they would mix with
+// this run's).
+fs::path prepare_out_dir(const TraceArgs& args) {
   const fs::path out(args.out);
   std::error_code ec;
   fs::create_directories(out, ec);
   TPCHECK_CHECK_INPUT(!ec && fs::is_directory(out), "cannot create --out directory '{}': {}",
                       args.out, ec.message());
-  // Logs of an earlier trace into the same directory would mix with this run's.
   for (const fs::directory_entry& e : fs::directory_iterator(out)) {
     if (e.is_regular_file() && is_trace_log(e.path())) {
       fmt::print(stderr, "tpcheck: removing the earlier log {}\n", e.path().string());
       fs::remove(e.path());
     }
   }
+  return out;
+}
 
-  // The child's environment: ours, with the logging variables replaced.
+// The child's environment: ours, with the logging variables replaced.
+std::vector<std::string> logging_environment(const TraceArgs& args, const std::string& pattern) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv(*e);
@@ -112,63 +111,60 @@ int trace_command(const TraceArgs& args) {
     }
     env.push_back(kv);
   }
-  const std::string pattern = (fs::absolute(out) / "cublaslt.%i.log").string();
   env.push_back(fmt::format("CUBLASLT_LOG_LEVEL={}", args.level));
   env.push_back("CUBLASLT_LOG_FILE=" + pattern);
+  return env;
+}
+
+// Runs the program with `env` and waits for it; its exit status (128 + signal if killed).
+int run_program(const std::vector<std::string>& program, std::vector<std::string> env) {
   std::vector<char*> envp, argv;
   for (std::string& kv : env) envp.push_back(kv.data());
   envp.push_back(nullptr);
-  std::vector<std::string> command = args.command;
+  std::vector<std::string> command = program;
   for (std::string& a : command) argv.push_back(a.data());
   argv.push_back(nullptr);
-
-  fmt::print("tpcheck trace: {} (logs {})\n", fmt::join(args.command, " "), pattern);
-  std::fflush(stdout);
   pid_t child = 0;
   const int spawned = posix_spawnp(&child, argv[0], nullptr, nullptr, argv.data(), envp.data());
-  TPCHECK_CHECK_INPUT(spawned == 0, "cannot run '{}': {}", args.command[0], std::strerror(spawned));
+  TPCHECK_CHECK_INPUT(spawned == 0, "cannot run '{}': {}", program[0], std::strerror(spawned));
   int status = 0;
   while (waitpid(child, &status, 0) < 0) {
-    TPCHECK_CHECK(errno == EINTR, "waitpid for '{}' failed: {}", args.command[0], std::strerror(errno));
+    TPCHECK_CHECK(errno == EINTR, "waitpid for '{}' failed: {}", program[0], std::strerror(errno));
   }
-  TraceLedger ledger;
-  ledger.command = args.command;
-  ledger.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  ledger.environment = trace_environment(env);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
-  std::vector<fs::path> logs;
+// One process per log file in `out`, sorted by pid (the file name's, else the lines').
+std::vector<TraceProcess> read_trace_logs(const fs::path& out, bool query) {
+  std::vector<TraceProcess> processes;
   for (const fs::directory_entry& e : fs::directory_iterator(out)) {
-    if (e.is_regular_file() && is_trace_log(e.path())) logs.push_back(e.path());
-  }
-  for (const fs::path& path : logs) {
-    CublasLtLog log = read_cublaslt_log(path.string());
+    if (!e.is_regular_file() || !is_trace_log(e.path())) continue;
+    CublasLtLog log = read_cublaslt_log(e.path().string());
     TraceProcess p;
-    p.log = path.string();
-    // The pid: the file name's, else the lines'.
-    const std::string name = path.filename().string();
-    const std::string middle = name.substr(std::strlen(kLogPrefix),
-                                           name.size() - std::strlen(kLogPrefix) - std::strlen(kLogSuffix));
-    if (!middle.empty() && std::all_of(middle.begin(), middle.end(), ::isdigit) && middle.size() < 10) {
+    p.log = e.path().string();
+    const std::string name = e.path().filename().string();
+    const std::string middle = name.substr(
+        std::strlen(kLogPrefix), name.size() - std::strlen(kLogPrefix) - std::strlen(kLogSuffix));
+    if (!middle.empty() && std::all_of(middle.begin(), middle.end(), ::isdigit) &&
+        middle.size() < 10) {
       p.pid = std::stoi(middle);
     } else if (!log.calls.empty()) {
       p.pid = log.calls.front().pid;
     }
     p.calls = std::move(log.calls);
     p.problems = std::move(log.problems);
-    if (args.query) query_numerical_impls(p.calls);
-    ledger.processes.push_back(std::move(p));
+    if (query) query_numerical_impls(p.calls);
+    processes.push_back(std::move(p));
   }
-  std::sort(ledger.processes.begin(), ledger.processes.end(),
+  std::sort(processes.begin(), processes.end(),
             [](const TraceProcess& x, const TraceProcess& y) { return x.pid < y.pid; });
+  return processes;
+}
 
-  const fs::path ledger_path = out / "ledger.json";
-  std::ofstream file(ledger_path);
-  TPCHECK_CHECK_INPUT(file.good(), "cannot write '{}'", ledger_path.string());
-  file << trace_to_json(ledger).dump(1) << "\n";
-  file.close();
-
+void print_trace(const TraceLedger& ledger, const fs::path& ledger_path) {
   if (ledger.exit_status != 0) {
-    fmt::print("tpcheck trace: the program exited with status {} (traced anyway)\n", ledger.exit_status);
+    fmt::print("tpcheck trace: the program exited with status {} (traced anyway)\n",
+               ledger.exit_status);
   }
   if (ledger.processes.empty()) {
     fmt::print("tpcheck trace: no cuBLASLt log was written: the program made no cuBLASLt call "
@@ -176,14 +172,46 @@ int trace_command(const TraceArgs& args) {
   }
   for (const TraceProcess& p : ledger.processes) {
     fmt::print("\nprocess {}: {} GEMMs ({}{})\n", p.pid, p.calls.size(), p.log,
-               p.problems.empty() ? "" : fmt::format(", {} malformed lines skipped", p.problems.size()));
+               p.problems.empty() ? ""
+                                  : fmt::format(", {} malformed lines skipped", p.problems.size()));
     for (std::size_t i = 0; i < p.problems.size() && i < 5; ++i) {
-      fmt::print(stderr, "tpcheck: warning: {}:{}: {}; line skipped\n", p.log, p.problems[i].line,
-                 p.problems[i].reason);
+      fmt::print(stderr, "tpcheck: warning: {}:{}: {}; line skipped\n", p.log,
+                 p.problems[i].line, p.problems[i].reason);
     }
     fmt::print("{}", format_call_summary(p.calls));
   }
   fmt::print("\nledger: {}\n", ledger_path.string());
+}
+
+}  // namespace
+
+int trace_command(const TraceArgs& args) {
+  TPCHECK_CHECK_INPUT(args.level == 2 || args.level == 5,
+                      "--level must be 2 (Trace) or 5 (API trace), got {}", args.level);
+  TPCHECK_CHECK_INPUT(!args.command.empty(),
+                      "trace needs a program to run: tpcheck trace -- CMD ARGS...");
+  if (args.query) {
+    TPCHECK_CHECK_INPUT(cublaslt_query_available(),
+                        "--query needs tpcheck built with CUDA (this build has TPCHECK_CUDA=OFF)");
+  }
+  const fs::path out = prepare_out_dir(args);
+  const std::string pattern = (fs::absolute(out) / "cublaslt.%i.log").string();
+  const std::vector<std::string> env = logging_environment(args, pattern);
+  fmt::print("tpcheck trace: {} (logs {})\n", fmt::join(args.command, " "), pattern);
+  std::fflush(stdout);
+
+  TraceLedger ledger;
+  ledger.command = args.command;
+  ledger.exit_status = run_program(args.command, env);
+  ledger.environment = trace_environment(env);
+  ledger.processes = read_trace_logs(out, args.query);
+
+  const fs::path ledger_path = out / "ledger.json";
+  std::ofstream file(ledger_path);
+  TPCHECK_CHECK_INPUT(file.good(), "cannot write '{}'", ledger_path.string());
+  file << trace_to_json(ledger).dump(1) << "\n";
+  file.close();
+  print_trace(ledger, ledger_path);
   return 0;
 }
 
