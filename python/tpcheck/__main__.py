@@ -14,7 +14,7 @@ from ._launch import share_nccl_id_if_torchrun
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["emulate"]:  # issue 32: the launcher lives in tpcheck.torch
+    if args[:1] == ["emulate"]:  # the launcher (_emulate.py, docs/EMULATE.md)
         from ._emulate import main as emulate
 
         return emulate(args[1:])

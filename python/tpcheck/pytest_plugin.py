@@ -9,7 +9,7 @@ A marked test becomes one item per TP size (`test_my_tp_mlp[tp2]`, `...[tp4]`), 
 
     python -m tpcheck emulate -n N -- python -m pytest <the item's node id> ...
 
-(issue 32's launcher: one process per rank, torchrun's environment, on the GPU when there is
+(the emulate launcher: one process per rank, torchrun's environment, on the GPU when there is
 one, else the CPU), in which each rank runs the test body and writes its outcome to a file;
 the item then fails once, naming every rank that failed and its reason (the first failing
 rank's full traceback below). Inside the ranks (TPCHECK_PYTEST_RANK_DIR is set) the items
