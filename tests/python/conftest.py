@@ -12,12 +12,14 @@ file sets the ones that are missing from a build tree:
 
 A variable that is already set is kept as it is, so ctest's values win. What could not be
 found is printed in pytest's header; the tests that need it then fail with their own
-message naming the variable.
+message naming the variable. It also holds the fixtures several test files share.
 """
 
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TPCHECK_BUILD_DIR") or ROOT / "build").resolve()
@@ -75,3 +77,12 @@ def pytest_terminal_summary(terminalreporter):
     # Repeated at the end, where a failure's reader looks (-q hides the header).
     for n in _notes:
         terminalreporter.write_line(f"tpcheck conftest: {n}", yellow=True)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """The tpcheck program (TPCHECK_CLI), checked to be there."""
+    path = os.environ.get("TPCHECK_CLI")
+    assert path, "TPCHECK_CLI is not set (ctest sets it to the tpcheck program)"
+    assert os.access(path, os.X_OK), f"TPCHECK_CLI={path} is not an executable"
+    return path

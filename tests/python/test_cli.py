@@ -46,14 +46,6 @@ EXPECTED_MUTATIONS = {
 NEEDS_RE = re.compile(r" \(needs --recipe (\S+) --steps (\d+)\)$")
 
 
-@pytest.fixture(scope="module")
-def cli():
-    path = os.environ.get("TPCHECK_CLI")
-    assert path, "TPCHECK_CLI is not set (ctest sets it to the tpcheck program)"
-    assert os.access(path, os.X_OK), f"TPCHECK_CLI={path} is not an executable"
-    return path
-
-
 def tpcheck(cli, *args, timeout=120):
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=timeout)
 

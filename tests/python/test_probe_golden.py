@@ -80,14 +80,6 @@ def run_json(cli, args):
 
 
 @pytest.fixture(scope="module")
-def cli():
-    path = os.environ.get("TPCHECK_CLI")
-    assert path, "TPCHECK_CLI is not set (ctest sets it to the tpcheck program)"
-    assert os.access(path, os.X_OK), f"TPCHECK_CLI={path} is not an executable"
-    return path
-
-
-@pytest.fixture(scope="module")
 def golden():
     with lzma.open(GOLDEN, "rt", encoding="utf-8") as f:
         return json.load(f)
