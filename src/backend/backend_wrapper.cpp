@@ -121,8 +121,7 @@ void BackendWrapper::accumulate_bias_grad(const Tensor& dy, Tensor& dbias) {
 }
 
 NormForward BackendWrapper::norm_forward(NormKind kind, const Tensor& x, const Tensor& gamma,
-                                         const Tensor& beta, double eps,
-                                         bool zero_centered_gamma) {
+                                         const Tensor& beta, double eps, bool zero_centered_gamma) {
   OpCall call(Op::kNormForward, x.numel());
   before_op(call);
   NormForward f = target_.norm_forward(kind, x, gamma, beta, eps, zero_centered_gamma);
@@ -135,8 +134,7 @@ Tensor BackendWrapper::norm_backward(NormKind kind, const Tensor& dy, const Tens
                                      bool zero_centered_gamma, Tensor& dgamma, Tensor& dbeta) {
   OpCall call(Op::kNormBackward, x.numel());
   before_op(call);
-  Tensor dx =
-      target_.norm_backward(kind, dy, x, gamma, saved, zero_centered_gamma, dgamma, dbeta);
+  Tensor dx = target_.norm_backward(kind, dy, x, gamma, saved, zero_centered_gamma, dgamma, dbeta);
   // RMSNorm has no shift: dbeta is not written even when the caller passes one.
   Tensor* db = kind == NormKind::kLayerNorm ? &dbeta : nullptr;
   if (store_order().norm_param_grads_first) {
@@ -236,9 +234,9 @@ Tensor BackendWrapper::attention_softmax_backward(const Tensor& dprobs, const Te
                   [&] { return target_.attention_softmax_backward(dprobs, probs); });
 }
 
-bool BackendWrapper::run_fused_attention_forward(const Tensor& q, const Tensor& k,
-                                                 const Tensor& v, const AttentionMask& mask,
-                                                 double scale, AttentionForward& out,
+bool BackendWrapper::run_fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const AttentionMask& mask, double scale,
+                                                 AttentionForward& out,
                                                  std::string& implementation) {
   OpCall call(Op::kFusedAttentionForward, q.numel());
   before_op(call);
@@ -252,10 +250,11 @@ bool BackendWrapper::run_fused_attention_forward(const Tensor& q, const Tensor& 
   return fused;
 }
 
-AttentionGrads BackendWrapper::run_fused_attention_backward(
-    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-    const AttentionForward& saved, const AttentionMask& mask, double scale,
-    std::string& implementation) {
+AttentionGrads BackendWrapper::run_fused_attention_backward(const Tensor& dout, const Tensor& q,
+                                                            const Tensor& k, const Tensor& v,
+                                                            const AttentionForward& saved,
+                                                            const AttentionMask& mask, double scale,
+                                                            std::string& implementation) {
   OpCall call(Op::kFusedAttentionBackward, q.numel());
   before_op(call);
   AttentionGrads g =

@@ -5,6 +5,8 @@
 // In a build tree (build/tpcheck next to build/python/tpcheck) build/python is put first
 // on PYTHONPATH, so the package built with this program is the one that runs.
 // Thread safety: replaces the process (execvp); call from the main thread.
+#include "cli/emulate.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "cli/emulate.h"
 #include "tpcheck/error.h"
 
 namespace tpcheck {

@@ -1,7 +1,5 @@
 // explain_case.cpp — explain_case: the recorded run, the GEMM attribution, the counterfactual
 // re-runs and the closing sentence (see tpcheck/explain.h, docs/FORENSICS.md).
-#include "tpcheck/explain.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 #include "explain/recorder.h"
 #include "explain/trail.h"
 #include "tpcheck/error.h"
+#include "tpcheck/explain.h"
 
 namespace tpcheck {
 namespace {

@@ -25,13 +25,12 @@
 //       all-reduce's chunking as runs of elements whose nccl-ring fold starts at first_rank
 //       (for folds done elsewhere, e.g. by torch ops on a GPU), from all_reduce_chunk_of.
 // Errors: ValueError naming the argument. The work runs with the GIL released.
+#include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
-
-#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdint>
@@ -65,11 +64,16 @@ Op parse_op(const std::string& op) {
 
 double load(DType dtype, const void* base, std::int64_t i) {
   switch (dtype) {
-    case DType::kF64: return static_cast<const double*>(base)[i];
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::kBF16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
-    default: break;
+    case DType::kF64:
+      return static_cast<const double*>(base)[i];
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return f16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kBF16:
+      return bf16_bits_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+    default:
+      break;
   }
   TPCHECK_CHECK(false, "ring: dtype {} cannot be reduced", dtype_name(dtype));
   return 0.0;
@@ -77,11 +81,20 @@ double load(DType dtype, const void* base, std::int64_t i) {
 
 void store(DType dtype, void* base, std::int64_t i, double v) {
   switch (dtype) {
-    case DType::kF64: static_cast<double*>(base)[i] = v; return;
-    case DType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); return;
-    case DType::kF16: static_cast<std::uint16_t*>(base)[i] = f64_to_f16_bits(v); return;
-    case DType::kBF16: static_cast<std::uint16_t*>(base)[i] = f64_to_bf16_bits(v); return;
-    default: break;
+    case DType::kF64:
+      static_cast<double*>(base)[i] = v;
+      return;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      return;
+    case DType::kF16:
+      static_cast<std::uint16_t*>(base)[i] = f64_to_f16_bits(v);
+      return;
+    case DType::kBF16:
+      static_cast<std::uint16_t*>(base)[i] = f64_to_bf16_bits(v);
+      return;
+    default:
+      break;
   }
   TPCHECK_CHECK(false, "ring: dtype {} cannot be reduced", dtype_name(dtype));
 }
@@ -90,10 +103,14 @@ void store(DType dtype, void* base, std::int64_t i, double v) {
 // the exact-in-f64 sum/product once gives the correctly rounded step (ring_reference.h).
 double combine(Op op, DType dtype, double acc, double x) {
   switch (op) {
-    case Op::kMax: return std::fmax(acc, x);
-    case Op::kMin: return std::fmin(acc, x);
-    case Op::kProd: return round_to(dtype, acc * x);
-    default: return round_to(dtype, acc + x);
+    case Op::kMax:
+      return std::fmax(acc, x);
+    case Op::kMin:
+      return std::fmin(acc, x);
+    case Op::kProd:
+      return round_to(dtype, acc * x);
+    default:
+      return round_to(dtype, acc + x);
   }
 }
 
@@ -129,8 +146,10 @@ Segments segments_of(std::int64_t count, int world, DType dt, std::size_t chunk_
     std::int64_t lo = b, hi = std::min(count, (b / loop + 1) * loop);  // chunk k at lo
     while (hi - lo > 1) {
       const std::int64_t mid = lo + (hi - lo) / 2;
-      if (ring::all_reduce_chunk_of(mid, count, world, dt, chunk_bytes) == k) lo = mid;
-      else hi = mid;
+      if (ring::all_reduce_chunk_of(mid, count, world, dt, chunk_bytes) == k)
+        lo = mid;
+      else
+        hi = mid;
     }
     segs.emplace_back(b, hi, (k + 1) % world);
     b = hi;
@@ -143,10 +162,12 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
                  int rank, int root, std::size_t chunk_bytes) {
   const int n = static_cast<int>(inputs.size());
   if (n == 0) throw nb::value_error("ring_reduce: no inputs");
-  if (rank < 0 || rank >= n) throw nb::value_error(fmt::format("ring_reduce: rank {} of {}", rank, n).c_str());
+  if (rank < 0 || rank >= n)
+    throw nb::value_error(fmt::format("ring_reduce: rank {} of {}", rank, n).c_str());
   const bool ring = order == "nccl-ring";
   if (!ring && order != "rank") {
-    throw nb::value_error(fmt::format("ring_reduce: order '{}' is not nccl-ring or rank", order).c_str());
+    throw nb::value_error(
+        fmt::format("ring_reduce: order '{}' is not nccl-ring or rank", order).c_str());
   }
   Fold f{parse_op(op_name), DType::kF64, {}, 1.0};
   std::int64_t count = -1;
@@ -167,9 +188,10 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
   }
   if (f.dtype != DType::kF64 && f.dtype != DType::kF32 && f.dtype != DType::kF16 &&
       f.dtype != DType::kBF16) {
-    throw nb::type_error(fmt::format("ring_reduce: dtype {} cannot be reduced (f64, f32, f16, bf16)",
-                                     dtype_name(f.dtype))
-                             .c_str());
+    throw nb::type_error(
+        fmt::format("ring_reduce: dtype {} cannot be reduced (f64, f32, f16, bf16)",
+                    dtype_name(f.dtype))
+            .c_str());
   }
   WrappedArray o = wrap_array(out, "out");
   if (o.tensor.device() != Device::kCpu || o.tensor.dtype() != f.dtype) {
@@ -182,24 +204,33 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
   const std::int64_t m = o.tensor.numel();
   nb::gil_scoped_release release;
   if (kind == "all_reduce" || kind == "reduce") {
-    if (m != count) throw std::invalid_argument(fmt::format("ring_reduce {}: out has {} elements, inputs {}", kind, m, count));
+    if (m != count)
+      throw std::invalid_argument(
+          fmt::format("ring_reduce {}: out has {} elements, inputs {}", kind, m, count));
     Segments segs;
-    if (!ring) segs.emplace_back(0, count, 0);
-    else if (kind == "reduce") segs.emplace_back(0, count, (root + 1) % n);
-    else segs = segments_of(count, n, f.dtype, chunk_bytes);
+    if (!ring)
+      segs.emplace_back(0, count, 0);
+    else if (kind == "reduce")
+      segs.emplace_back(0, count, (root + 1) % n);
+    else
+      segs = segments_of(count, n, f.dtype, chunk_bytes);
     for (const auto& [b, e, first] : segs) {
       for (std::int64_t i = b; i < e; ++i) store(f.dtype, dst, i, f.run(i, first));
     }
   } else if (kind == "reduce_scatter") {
-    if (m * n != count) throw std::invalid_argument(fmt::format("ring_reduce reduce_scatter: out has {} elements, inputs {} for {} ranks", m, count, n));
+    if (m * n != count)
+      throw std::invalid_argument(fmt::format(
+          "ring_reduce reduce_scatter: out has {} elements, inputs {} for {} ranks", m, count, n));
     const int first = ring ? (rank + 1) % n : 0;
     for (std::int64_t j = 0; j < m; ++j) store(f.dtype, dst, j, f.run(rank * m + j, first));
   } else {
-    throw std::invalid_argument(fmt::format("ring_reduce: kind '{}' is not all_reduce, reduce_scatter or reduce", kind));
+    throw std::invalid_argument(
+        fmt::format("ring_reduce: kind '{}' is not all_reduce, reduce_scatter or reduce", kind));
   }
 }
 
-std::vector<nb::object> ring_model(const std::string& kind, const std::vector<nb::ndarray<>>& inputs,
+std::vector<nb::object> ring_model(const std::string& kind,
+                                   const std::vector<nb::ndarray<>>& inputs,
                                    const std::string& op_name) {
   std::vector<Tensor> in;
   for (std::size_t r = 0; r < inputs.size(); ++r) {
@@ -211,10 +242,14 @@ std::vector<nb::object> ring_model(const std::string& kind, const std::vector<nb
   }
   const ReduceOp rop = op == Op::kMax ? ReduceOp::kMax : ReduceOp::kSum;
   std::vector<Tensor> res;
-  if (kind == "all_reduce") res = ring::all_reduce(in, rop);
-  else if (kind == "reduce_scatter") res = ring::reduce_scatter(in, rop);
-  else if (kind == "all_gather") res = ring::all_gather(in);
-  else throw nb::value_error(fmt::format("ring_model: kind '{}'", kind).c_str());
+  if (kind == "all_reduce")
+    res = ring::all_reduce(in, rop);
+  else if (kind == "reduce_scatter")
+    res = ring::reduce_scatter(in, rop);
+  else if (kind == "all_gather")
+    res = ring::all_gather(in);
+  else
+    throw nb::value_error(fmt::format("ring_model: kind '{}'", kind).c_str());
   std::vector<nb::object> out;
   for (const Tensor& t : res) out.push_back(to_numpy(t));
   return out;
