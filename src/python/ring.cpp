@@ -24,6 +24,16 @@
 //   ring_segments(count, world, dtype, chunk_bytes) -> [(begin, end, first_rank)]: the
 //       all-reduce's chunking as runs of elements whose nccl-ring fold starts at first_rank
 //       (for folds done elsewhere, e.g. by torch ops on a GPU), from all_reduce_chunk_of.
+//   ring_fold_cuda(inputs, out, n_out, dtype, first, offset, count, stream, device,
+//                  chunk_bytes)
+//       The same folds on a GPU, by the C++ device group's kernel (comm/cuda/
+//       device_collectives.cu: one definition for both). inputs: one device address per
+//       rank, each of `count` elements of `dtype` (f64, f32, f16, bf16); out: a device
+//       address of n_out elements; out[j] = the fold of inputs[*][offset + j], every step
+//       rounded to the dtype, starting at rank `first` (0..N-1; 0 is rank order) or, with
+//       first = -1, at the nccl-ring start of element offset + j's all-reduce chunk.
+//       Enqueued on `stream` (a cudaStream_t as an integer) of GPU `device`; returns at
+//       once. Built without CUDA: RuntimeError.
 // Errors: ValueError naming the argument. The work runs with the GIL released.
 #include <fmt/format.h>
 #include <nanobind/nanobind.h>
@@ -40,6 +50,11 @@
 #include <vector>
 
 #include "comm/ring_reference.h"
+#ifdef TPCHECK_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "comm/cuda/device_collectives.h"
+#endif
 #include "python/dlpack.h"
 #include "tpcheck/dtype.h"
 #include "tpcheck/error.h"
@@ -261,6 +276,64 @@ Segments ring_segments(std::int64_t count, int world, const std::string& dtype,
   return segments_of(count, world, parse_dtype(dtype), chunk_bytes);
 }
 
+void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t out,
+                    std::int64_t n_out, const std::string& dtype, int first, std::int64_t offset,
+                    std::int64_t count, std::uintptr_t stream, int device,
+                    std::size_t chunk_bytes) {
+#ifdef TPCHECK_HAVE_CUDA
+  const int n = static_cast<int>(inputs.size());
+  if (n < 1 || n > cuda::kMaxDeviceRanks) {
+    throw nb::value_error(
+        fmt::format("ring_fold_cuda: {} inputs; expected 1 to {}", n, cuda::kMaxDeviceRanks)
+            .c_str());
+  }
+  if (first < -1 || first >= n) {
+    throw nb::value_error(
+        fmt::format("ring_fold_cuda: first rank {}; expected -1 or 0..{}", first, n - 1).c_str());
+  }
+  if (n_out < 0 || offset < 0 || offset + n_out > count) {
+    throw nb::value_error(fmt::format("ring_fold_cuda: elements [{}, {}) are outside the "
+                                      "inputs' {}",
+                                      offset, offset + n_out, count)
+                              .c_str());
+  }
+  const DType dt = parse_dtype(dtype);
+  if (dt != DType::kF64 && dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16) {
+    throw nb::type_error(
+        fmt::format("ring_fold_cuda: dtype {} cannot be reduced (f64, f32, f16, bf16)", dtype)
+            .c_str());
+  }
+  cuda::ReduceLaunch p;
+  for (int r = 0; r < n; ++r) p.inputs[r] = reinterpret_cast<const void*>(inputs[r]);
+  p.world = n;
+  p.dtype = dt;
+  p.mode = cuda::ReduceMode::kRingSum;
+  p.out = reinterpret_cast<void*>(out);
+  p.n_out = n_out;
+  p.dim_size = count;  // one row of `count` elements: src(j) = offset + j
+  p.rows = n_out;
+  p.row_start = offset;
+  p.fixed_start = first;
+  p.count = count;
+  p.chunk_elems = ring::chunk_elements(chunk_bytes, dt);
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    throw nb::value_error(fmt::format("ring_fold_cuda: cannot use GPU {}", device).c_str());
+  }
+  try {
+    cuda::launch_reduce(p, reinterpret_cast<cudaStream_t>(stream));
+  } catch (...) {
+    cudaSetDevice(previous);
+    throw;
+  }
+  cudaSetDevice(previous);
+#else
+  (void)inputs, (void)out, (void)n_out, (void)dtype, (void)first, (void)offset, (void)count,
+      (void)stream, (void)device, (void)chunk_bytes;
+  throw std::runtime_error("ring_fold_cuda: this tpcheck was built without CUDA");
+#endif
+}
+
 }  // namespace
 }  // namespace tpcheck::python
 
@@ -275,4 +348,8 @@ void tpcheck_register_ring(nb::module_& m) {
   m.def("ring_segments", &ring_segments, "count"_a, "world"_a, "dtype"_a,
         "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
         "The all-reduce's chunking as (begin, end, first_rank) runs.");
+  m.def("ring_fold_cuda", &ring_fold_cuda, "inputs"_a, "out"_a, "n_out"_a, "dtype"_a, "first"_a,
+        "offset"_a, "count"_a, "stream"_a, "device"_a,
+        "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
+        "out[j] = the ring fold of inputs[*][offset + j] on a GPU (the device group's kernel).");
 }

@@ -314,6 +314,17 @@ if has emulate; then
         python3 -m tpcheck emulate -n $n -- "$root/tests/python/emulate_workers/collectives.py" --cuda
       grep -E "ALL OK|Error|error" "$out/emulate_collectives_tp$n.log" | head -5 >>"$out/failures.txt"
     done
+    # Every all-reduce split into per-rank shares (the default splits from 1 MiB), and rank
+    # order on an odd group size.
+    timed "emulate: every collective, cuda, TP 4, all-reduce always split" emulate_collectives_split.log \
+      env TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 -- \
+      "$root/tests/python/emulate_workers/collectives.py" --cuda
+    timed "emulate: every collective, cuda, TP 3, rank order" emulate_collectives_rank.log \
+      python3 -m tpcheck emulate -n 3 --comm-order rank -- \
+      "$root/tests/python/emulate_workers/collectives.py" --cuda
+    for f in emulate_collectives_split emulate_collectives_rank; do
+      grep -E "ALL OK|Error|error" "$out/$f.log" | head -5 >>"$out/failures.txt"
+    done
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
       python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
     timed "emulate: bench --quick" emulate_bench.log python3 "$root/bench/emulate_bench.py" --quick

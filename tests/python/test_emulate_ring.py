@@ -138,27 +138,52 @@ def test_launcher_hook_mappings():
 
 @pytest.mark.parametrize("n", [2, 3, 8])
 def test_torch_fold_of_the_cuda_path_is_ring_reduce(n):
-    """The CUDA path's reductions (torch ops over _tpcheck.ring_segments, _cuda_ipc.py)
-    run here on CPU tensors: the same bits as ring_reduce, every kind, op and order."""
-    from tpcheck.torch._cuda_ipc import CudaExchange
+    """The CUDA path's torch-op reductions (max, min, product over _tpcheck.ring_segments;
+    _cuda_ipc.torch_fold) run here on CPU tensors: the same bits as ring_reduce, every
+    kind and order. (Sum and average run the device group's kernel: tests/gpu.)"""
+    from tpcheck.torch._cuda_ipc import torch_fold
 
     for fmt in ("f32", "bf16", "f16"):
         count = 24 * n + 8 * n  # a multiple of n for reduce_scatter
         xs = inputs(n, count, fmt, seed=40 + n)
         ts = [as_torch(x, fmt) for x in xs]
-        for op in ("sum", "avg", "max", "min", "prod"):
+        for op in ("max", "min", "prod"):
             for order in ("nccl-ring", "rank"):
                 for kind, m in (("all_reduce", count), ("reduce_scatter", count // n), ("reduce", count)):
                     rank, root = n - 1, 1 % n
                     want = torch.empty(m, dtype=TORCH[fmt])
                     _tpcheck.ring_reduce(ts, want, kind, op, order, rank, root)
                     got = torch.empty(m, dtype=TORCH[fmt])
-                    CudaExchange.reduce_into(None, got, ts, kind, op, order, rank, root)
+                    torch_fold(got, ts, kind, op, order, rank, root)
                     np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{fmt} {op} {order} {kind}")
     if n == 2:  # two loops of N x 512K f32 elements (2 MiB chunks) and a partial one
         ts = [as_torch(x, "f32") for x in inputs(n, (1 << 20) * 2 + 1000, "f32", seed=5)]
         want = torch.empty_like(ts[0])
-        _tpcheck.ring_reduce(ts, want, "all_reduce", "sum", "nccl-ring", 0)
+        _tpcheck.ring_reduce(ts, want, "all_reduce", "prod", "nccl-ring", 0)
         got = torch.empty_like(ts[0])
-        CudaExchange.reduce_into(None, got, ts, "all_reduce", "sum", "nccl-ring", 0, 0)
+        torch_fold(got, ts, "all_reduce", "prod", "nccl-ring", 0, 0)
         np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def test_split_all_reduce_shares_cover_the_buffer():
+    from tpcheck.torch._cuda_ipc import share
+
+    for count in (0, 1, 255, 256, 1000, 1 << 20, 3 * (1 << 20) + 17):
+        for n in (1, 2, 3, 8):
+            runs = [share(count, n, r) for r in range(n)]
+            assert runs[0][0] == 0 and runs[-1][1] == count
+            assert all(a[1] == b[0] for a, b in zip(runs, runs[1:])), (count, n, runs)
+            assert all(lo % 256 == 0 for lo, _ in runs if lo < count)
+
+
+def test_ring_fold_cuda_checks_its_arguments():
+    if not _tpcheck.built_with_cuda():
+        with pytest.raises(RuntimeError, match="without CUDA"):
+            _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f32", 0, 0, 4, 0, 0)
+        return
+    with pytest.raises(ValueError, match="first rank 2"):
+        _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f32", 2, 0, 4, 0, 0)
+    with pytest.raises(ValueError, match=r"elements \[2, 6\) are outside the inputs' 4"):
+        _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f32", 0, 2, 4, 0, 0)
+    with pytest.raises(TypeError, match="dtype f8e4m3"):
+        _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f8e4m3", 0, 0, 4, 0, 0)

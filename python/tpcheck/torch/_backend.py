@@ -3,14 +3,16 @@
 Every collective is one step of the group: each rank
   1. writes its contribution (the tensors the others need) into its exchange buffer
      (shared memory for CPU tensors, _shm.py; a CUDA IPC buffer for GPU tensors,
-     _cuda_ipc.py — not run yet),
+     _cuda_ipc.py),
   2. publishes (call number, kind, signature = op/dtype/shapes, buffer location, call
      site) under `tpcheck/<seq>/<rank>` in the group's store,
   3. waits for every rank's record of the same call number, checks that all ranks called
      the same collective with the same signature (else an error naming both calls), and
   4. computes its own output from the others' buffers, read in place: reductions through
      the compiled ring model (_tpcheck.ring_reduce: NCCL's Ring/Simple order and per-step
-     rounding, or rank order), gathers and copies by plain copies.
+     rounding, or rank order; on a GPU the device group's kernel, with a large all-reduce
+     split into one share per rank and a second round of records, _cuda_ipc.py), gathers
+     and copies by plain copies.
 While it waits it watches `tpcheck/events`, where the launcher (`python -m tpcheck
 emulate`) records ranks that exited or were killed: a rank waiting on one that is gone
 raises an error naming it instead of waiting for the timeout.
@@ -52,6 +54,13 @@ _OPS = {
 }
 
 _groups = 0  # groups made by this process (names their buffers)
+
+
+def _split_bytes() -> int:
+    """The size from which a CUDA all-reduce is split into per-rank shares (bytes of the
+    largest tensor). TPCHECK_EMULATE_SPLIT_BYTES overrides it (0: always; the GPU tests
+    use it to run both paths on every size)."""
+    return int(os.environ.get("TPCHECK_EMULATE_SPLIT_BYTES", 1 << 20))
 
 
 class EmulateError(RuntimeError):
@@ -213,10 +222,12 @@ class TpcheckProcessGroup(dist.ProcessGroup):
             time.sleep(delay)
             delay = min(0.001, delay * 2 or 2e-5)  # a late peer costs at most ~1 ms more
 
-    def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None, device=None):
+    def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None, device=None,
+              put_options=None):
         """Publishes this rank's part of collective `kind`; returns (every rank's record,
         the exchange holding the data). `device`: the tensors' device when this rank
-        contributes none (a broadcast's receivers)."""
+        contributes none (a broadcast's receivers); put_options: the CUDA exchange's
+        staging options (scale, results)."""
         seq = self._seq
         self._seq += 1
         dev = device
@@ -225,7 +236,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         if kind != "barrier":
             sig = dict(sig, device=dev.type if dev is not None else "cpu")
         ex = self._exchange(dev)
-        loc = ex.put(seq, contrib)
+        loc = ex.put(seq, contrib, **(put_options or {}))
         desc = self._format_call(kind, sig)
         rec = {"kind": kind, "sig": sig, "desc": desc, "loc": loc, "extra": extra,
                "at": _call_site()}
@@ -243,6 +254,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                     f"mismatched collectives at call #{seq} of group {self._global}: "
                     f"{self._who(self._rank)} called {desc} at {rec['at']}, but "
                     f"{self._who(r)} called {other['desc']} at {other['at']}")
+        self._last = (seq, rec)
         if self._trace is not None:
             nbytes = sum(t.numel() * t.element_size() for t in contrib)
             self._trace.write(json.dumps({
@@ -272,8 +284,28 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                 from ._cuda_ipc import CudaExchange
 
                 self._cuda = CudaExchange(self, dev)
+                import atexit
+
+                atexit.register(self._release_cuda)
             return self._cuda
         raise EmulateError(f"tensors on {dev} are not supported (cpu or cuda)")
+
+    def _release_cuda(self):
+        """At exit: every rank unmaps the others' staging buffers, then waits (at most 10 s)
+        until all have. A buffer still mapped by a peer when its owner frees it is kept
+        alive by PyTorch's IPC reference count, and its owner's exit then warns "Producer
+        process has been terminated before all shared CUDA tensors released"."""
+        try:
+            self._cuda.release_peers()
+            self._store.set(f"tpcheck/exit/{self._rank}", "1")
+            keys = [f"tpcheck/exit/{r}" for r in range(self._size)]
+            saved, self._timeout = self._timeout, datetime.timedelta(seconds=10)
+            try:
+                self._wait(keys, "exit (releasing the CUDA staging buffers)")
+            finally:
+                self._timeout = saved
+        except Exception:  # noqa: BLE001 - a peer that died or a store that is gone: exit anyway
+            pass
 
     # ---- argument checks -------------------------------------------------------------------
     def _accept(self, t: torch.Tensor, what: str, reduce: bool = False):
@@ -343,12 +375,47 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         tmp = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
         return tmp, (lambda: t.copy_(tmp.view(t.shape)))
 
+    def _put_options(self, tensors, op, split=False):
+        """CUDA staging for the kernel's reductions: AVG staged times 1/N (rounded to the
+        dtype, NCCL's PreMulSum); a split all-reduce stages a result region too."""
+        if not tensors or tensors[0].device.type != "cuda" or tensors[0].dtype not in _RING_DTYPES:
+            return None
+        scale = torch.tensor(1.0 / self._size, dtype=tensors[0].dtype).item() if op == "avg" else None
+        return {"scale": scale, "results": split}
+
+    def _split(self, tensors, kind, op) -> bool:
+        """A CUDA all-reduce big enough to be split into one share per rank (below it, one
+        more round of records through the store costs more than every rank folding all)."""
+        return (kind == "all_reduce" and self._size > 1 and op in ("sum", "avg")
+                and all(t.device.type == "cuda" and t.dtype in _RING_DTYPES for t in tensors)
+                and len({t.dtype for t in tensors}) == 1
+                and max(t.numel() * t.element_size() for t in tensors) >= _split_bytes())
+
+    def _wait_reduced(self, seq, what):
+        """The second round of a split all-reduce: every rank recorded its `reduced`."""
+        self._store.set(f"tpcheck/{seq}/{self._rank}/reduced", "1")
+        if seq >= 2:
+            self._store.delete_key(f"tpcheck/{seq - 2}/{self._rank}/reduced")
+        self._wait([f"tpcheck/{seq}/{r}/reduced" for r in range(self._size)],
+                   f"{what} (call #{seq} of the group, its shares)")
+
     def _all_reduce_list(self, tensors, opts, kind="all_reduce", root=0):
         op = self._op(getattr(opts, "reduceOp", ReduceOp.SUM), kind)
         for i, t in enumerate(tensors):
             self._accept(t, f"{kind} tensor {i}", reduce=True)
         sig = self._sig(tensors, op=op) if kind == "all_reduce" else self._sig(tensors, op=op, root=root)
-        recs, ex = self._step(kind, sig, tensors)
+        split = self._split(tensors, kind, op)
+        put_options = self._put_options(tensors, op, split) if op in ("sum", "avg") else None
+        recs, ex = self._step(kind, sig, tensors, put_options=put_options)
+        if split:
+            outs = [self._out(t) for t in tensors]
+            seq = self._last[0]
+            ex.split_all_reduce([o for o, _ in outs], recs, self._rank, self._order,
+                                lambda: self._wait_reduced(seq, self._format_call(kind, sig)))
+            for _, fin in outs:
+                fin()
+            self._sync_cuda(ex)
+            return _done(tensors)
         for i, t in enumerate(tensors):
             if kind == "reduce" and self._rank != root:
                 continue
@@ -379,7 +446,8 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         if inp.numel() != out.numel() * self._size or inp.dtype != out.dtype:
             raise EmulateError(f"{kind}: input {_describe(inp)} is not {self._size} x the "
                                f"output {_describe(out)}")
-        recs, ex = self._step(kind, self._sig([inp], op=op), [inp])
+        recs, ex = self._step(kind, self._sig([inp], op=op), [inp],
+                              put_options=self._put_options([inp], op) if op in ("sum", "avg") else None)
         ins = [ex.view(rec["loc"], 0, inp.dtype, inp.numel()) for rec in recs]
         o, fin = self._out(out)
         self._reduce_into(o, ins, "reduce_scatter", op)

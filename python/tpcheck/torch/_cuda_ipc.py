@@ -1,14 +1,15 @@
-"""Exchange of CUDA tensors between rank processes through CUDA IPC — NOT RUN YET (written
-without a GPU; docs/EMULATE.md says what to try first). Stream-ordered on the caller's
-current stream, no host copy of the data.
+"""Exchange of CUDA tensors between rank processes through CUDA IPC, stream-ordered on the
+caller's current stream, no host copy of the data.
 
 Per group and rank: two staging buffers on the rank's GPU (collective s uses s % 2), and
-per buffer two interprocess events: `ready` (recorded after this rank copied its
-contribution in) and `done` (recorded after this rank finished reading the others'
-buffers of that collective). Every record a rank publishes carries the IPC handles of its
-staging buffer and events (peers open each handle once and cache it).
+per buffer three interprocess events: `ready` (recorded after this rank copied its
+contribution in), `reduced` (after it wrote its share of a split all-reduce, below) and
+`done` (after it finished reading the others' buffers of that collective). Every record a
+rank publishes carries the IPC handles of its staging buffer and events (peers open each
+handle once and cache it).
   put(s):   the caller's stream waits on every peer's `done[s % 2]` (their reads of
-            collective s - 2 from this buffer), copies the contribution in, records
+            collective s - 2 from this buffer), copies the contribution in (times the
+            average's 1/N, rounded to the dtype, for AVG: NCCL's PreMulSum), records
             ready[s % 2].
   view():   the caller's stream waits on the peer's ready[s % 2]; a peer on another GPU
             is copied to this one first (no peer-to-peer kernels).
@@ -16,10 +17,16 @@ staging buffer and events (peers open each handle once and cache it).
 Why the events are never re-recorded too early: rank A re-records done[b] only after
 reading collective s + 2, which needs B's record of s + 2, which B publishes after its
 stream already waited on A's done[b] of collective s.
-Reductions: reduce_into folds with torch ops on the GPU in the order the compiled ring
-model gives (_tpcheck.ring_segments: which rank starts each run of elements), one torch op
-per step, each rounding to the dtype (bf16/f16 ops compute in f32 and round once: the
-correctly rounded result, as NCCL's).
+
+Reductions (sum and average of float dtypes) run the C++ device group's kernel
+(_tpcheck.ring_fold_cuda; comm/cuda/device_collectives.cu): the same per-element fold —
+start rank, ring order, every step rounded to the dtype — as NCCL's Ring/Simple and as the
+CPU path's _tpcheck.ring_reduce. A large all-reduce is split (split_all_reduce): rank r
+folds only its 1/N of the elements, from every rank's staging buffer, into a result region
+of its own buffer and records `reduced`; after one more exchange of records through the
+store each rank copies the N shares into its output. That reads every input byte once in
+the fold instead of N times. Max, min, product and integers fold with torch ops in the
+order the model gives (correct, not fast: TP code reduces sums).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class CudaExchange:
         self._shares: list[list | None] = [None, None]
         try:
             self._ready = [torch.cuda.Event(interprocess=True) for _ in range(2)]
+            self._reduced = [torch.cuda.Event(interprocess=True) for _ in range(2)]
             self._done = [torch.cuda.Event(interprocess=True) for _ in range(2)]
         except RuntimeError as e:
             raise EmulateError(f"CUDA tensors need interprocess events (CUDA IPC), which this "
@@ -82,11 +90,14 @@ class CudaExchange:
             self._bufs[which] = cur
         return cur
 
-    def put(self, seq: int, tensors: list[torch.Tensor]) -> dict:
+    def put(self, seq: int, tensors: list[torch.Tensor], scale: float | None = None,
+            results: bool = False) -> dict:
+        """Stages the tensors for collective `seq` (each times `scale` when given); with
+        `results`, also a result region per tensor (same size) for split_all_reduce."""
         with torch.cuda.device(self._dev):  # events and buffers on this rank's GPU
-            return self._put(seq, tensors)
+            return self._put(seq, tensors, scale, results)
 
-    def _put(self, seq: int, tensors: list[torch.Tensor]) -> dict:
+    def _put(self, seq: int, tensors: list[torch.Tensor], scale, results) -> dict:
         from ._backend import EmulateError
 
         self._seq = seq
@@ -102,14 +113,24 @@ class CudaExchange:
                                    f"one device per collective")
             offs.append(off)
             off = (off + t.numel() * t.element_size() + 255) // 256 * 256
+        res_offs = []
+        for t in tensors if results else []:
+            res_offs.append(off)
+            off = (off + t.numel() * t.element_size() + 255) // 256 * 256
         buf = self._buffer(which, off)
         for t, o in zip(tensors, offs):
             n = t.numel() * t.element_size()
-            if n:
-                buf[o:o + n].view(t.dtype).copy_(t.reshape(-1))
+            if n == 0:
+                continue
+            dst = buf[o:o + n].view(t.dtype)
+            if scale is None:
+                dst.copy_(t.reshape(-1))
+            else:  # one rounding to the dtype, as NCCL's PreMulSum
+                torch.mul(t.reshape(-1), scale, out=dst)
         self._ready[which].record(stream)
-        return {"cuda": True, "share": self._shares[which], "offs": offs, "which": which,
-                "ready": [_b64(e.ipc_handle()) for e in self._ready],
+        return {"cuda": True, "share": self._shares[which], "offs": offs, "res": res_offs,
+                "which": which, "ready": [_b64(e.ipc_handle()) for e in self._ready],
+                "reduced": [_b64(e.ipc_handle()) for e in self._reduced],
                 "done": [_b64(e.ipc_handle()) for e in self._done]}
 
     # ---- reading ---------------------------------------------------------------------------
@@ -121,6 +142,14 @@ class CudaExchange:
         return ev
 
     def view(self, loc: dict, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """Tensor `index` a rank staged (flat), after its `ready` event."""
+        return self._region(loc, loc["offs"][index], "ready", dtype, numel)
+
+    def result_view(self, loc: dict, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """Result region `index` of a rank's split all-reduce, after its `reduced` event."""
+        return self._region(loc, loc["res"][index], "reduced", dtype, numel)
+
+    def _region(self, loc, offset, event, dtype, numel) -> torch.Tensor:
         if numel == 0:
             return torch.empty(0, dtype=dtype, device=self._dev)
         which = loc["which"]
@@ -128,13 +157,12 @@ class CudaExchange:
             base = self._bufs[which]
         else:
             base = self._peer_buffer(loc["share"])
-            key = (which, loc["share"][1])
+            key = (which, loc["share"][1], event)
             if key not in self._waited:
                 torch.cuda.current_stream(self._dev).wait_event(
-                    self._event(loc["ready"][which], loc["share"][0]))
+                    self._event(loc[event][which], loc["share"][0]))
                 self._waited.add(key)
-        o = loc["offs"][index]
-        v = base[o:o + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
+        v = base[offset:offset + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
         if v.device != self._dev:
             v = v.to(self._dev, non_blocking=True)
         return v
@@ -155,42 +183,104 @@ class CudaExchange:
             if r != me and rec.get("loc", {}).get("cuda"):
                 self._peer_done[r] = (rec["loc"]["share"][0], rec["loc"]["done"])
 
+    def release_peers(self) -> None:
+        """Unmaps every peer buffer once the GPU is done with them (at exit)."""
+        torch.cuda.synchronize(self._dev)
+        self._peer_bufs.clear()
+
     def finish(self) -> None:
         if self._seq >= 0:
             self._done[self._seq % 2].record(torch.cuda.current_stream(self._dev))
 
     # ---- reductions ------------------------------------------------------------------------
+    def fold(self, out, inputs, first, offset=0):
+        """out[j] = the fold of inputs[*][offset + j] starting at rank `first` (-1: the
+        all-reduce's nccl-ring start of each element), on the current stream."""
+        if out.numel() == 0:
+            return
+        _tpcheck.ring_fold_cuda([x.data_ptr() for x in inputs], out.data_ptr(), out.numel(),
+                                _DT[out.dtype], first, offset, inputs[0].numel(),
+                                torch.cuda.current_stream(self._dev).cuda_stream,
+                                self._dev.index)
+
+    def split_all_reduce(self, outs, recs, rank, order, wait_all):
+        """The all-reduce of each out (flat, staged by every rank with results=True): this
+        rank folds its share into its result region, records `reduced`, wait_all() waits
+        for every rank's record of that, then every share is copied into out."""
+        n = len(recs)
+        mine = recs[rank]["loc"]
+        for i, out in enumerate(outs):
+            count = out.numel()
+            lo, hi = share(count, n, rank)
+            ins = [self.view(rec["loc"], i, out.dtype, count) for rec in recs]
+            res = self.result_view(mine, i, out.dtype, count)
+            self.fold(res[lo:hi], ins, -1 if order == "nccl-ring" else 0, offset=lo)
+        self._reduced[self._seq % 2].record(torch.cuda.current_stream(self._dev))
+        wait_all()
+        for i, out in enumerate(outs):
+            count = out.numel()
+            for r, rec in enumerate(recs):
+                lo, hi = share(count, n, r)
+                if hi > lo:
+                    out[lo:hi].copy_(self.result_view(rec["loc"], i, out.dtype, count)[lo:hi])
+
     def reduce_into(self, out, inputs, kind, op, order, rank, root):
+        """out = this rank's result of `kind` over the staged inputs (flat, one per rank).
+        Float sum/avg (avg already scaled when staged) by the device group's kernel."""
         n = len(inputs)
         dtype = out.dtype
-        if dtype not in _DT:  # integers: any order gives the same bits
-            st = torch.stack([x[: out.numel()] if kind != "reduce_scatter" else
-                              x[rank * out.numel():(rank + 1) * out.numel()] for x in inputs])
-            r = {"sum": st.sum(0), "avg": torch.div(st.sum(0), n, rounding_mode="trunc"),
-                 "max": st.amax(0), "min": st.amin(0), "prod": st.prod(0)}[op]
-            out.copy_(r.to(dtype))
+        if dtype in _DT and op in ("sum", "avg"):
+            ring = order == "nccl-ring"
+            if kind == "reduce_scatter":
+                self.fold(out, inputs, (rank + 1) % n if ring else 0, offset=rank * out.numel())
+            elif kind == "reduce":
+                self.fold(out, inputs, (root + 1) % n if ring else 0)
+            else:
+                self.fold(out, inputs, -1 if ring else 0)
             return
-        if op == "avg":
-            s = torch.tensor(1.0 / n, dtype=dtype).item()  # NCCL's PreMulSum scalar
-            inputs = [x * s for x in inputs]
-            op = "sum"
-        fn = {"sum": torch.add, "max": torch.fmax, "min": torch.fmin, "prod": torch.mul}[op]
+        torch_fold(out, inputs, kind, op, order, rank, root)
 
-        def fold(lo, hi, first, shift=0):
-            acc = inputs[first][shift + lo:shift + hi]
-            for s in range(1, n):
-                acc = fn(acc, inputs[(first + s) % n][shift + lo:shift + hi])
-            out[lo:hi].copy_(acc)
 
-        m = out.numel()
-        if kind == "reduce_scatter":
-            fold(0, m, (rank + 1) % n if order == "nccl-ring" else 0, shift=rank * m)
-        elif kind == "reduce" or order == "rank":
-            fold(0, m, (root + 1) % n if order == "nccl-ring" else 0)
-        else:
-            key = (m, n, dtype)
-            segs = _SEGMENTS.get(key)
-            if segs is None:
-                segs = _SEGMENTS[key] = _tpcheck.ring_segments(m, n, _DT[dtype])
-            for lo, hi, first in segs:
-                fold(lo, hi, first)
+def share(count: int, n: int, rank: int) -> tuple[int, int]:
+    """Rank `rank`'s elements [lo, hi) of a split all-reduce: N near-equal runs, 256-element
+    aligned (whole cache lines and vector loads for every dtype)."""
+    q = (count + n - 1) // n
+    q = (q + 255) // 256 * 256
+    return min(rank * q, count), min((rank + 1) * q, count)
+
+
+def torch_fold(out, inputs, kind, op, order, rank, root):
+    """The reductions the kernel does not do (max, min, product; integers) with torch ops in
+    the model's order, one op per step (each rounds to the dtype). Also runs on CPU tensors
+    (test_emulate_ring.py checks it against ring_reduce)."""
+    n = len(inputs)
+    dtype = out.dtype
+    if dtype not in _DT:  # integers: any order gives the same bits
+        st = torch.stack([x[: out.numel()] if kind != "reduce_scatter" else
+                          x[rank * out.numel():(rank + 1) * out.numel()] for x in inputs])
+        r = {"sum": st.sum(0), "avg": torch.div(st.sum(0), n, rounding_mode="trunc"),
+             "max": st.amax(0), "min": st.amin(0), "prod": st.prod(0)}[op]
+        out.copy_(r.to(dtype))
+        return
+    if op not in ("max", "min", "prod"):
+        raise ValueError(f"torch_fold: op {op!r} of {dtype} is the kernel's (sum, avg)")
+    fn = {"max": torch.fmax, "min": torch.fmin, "prod": torch.mul}[op]
+
+    def fold(lo, hi, first, shift=0):
+        acc = inputs[first][shift + lo:shift + hi]
+        for s in range(1, n):
+            acc = fn(acc, inputs[(first + s) % n][shift + lo:shift + hi])
+        out[lo:hi].copy_(acc)
+
+    m = out.numel()
+    if kind == "reduce_scatter":
+        fold(0, m, (rank + 1) % n if order == "nccl-ring" else 0, shift=rank * m)
+    elif kind == "reduce" or order == "rank":
+        fold(0, m, (root + 1) % n if order == "nccl-ring" else 0)
+    else:
+        key = (m, n, dtype)
+        segs = _SEGMENTS.get(key)
+        if segs is None:
+            segs = _SEGMENTS[key] = _tpcheck.ring_segments(m, n, _DT[dtype])
+        for lo, hi, first in segs:
+            fold(lo, hi, first)

@@ -81,6 +81,21 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         dist.all_reduce(t, op=OPS[op])
         expect_equal(f"all_reduce {op} {FMT[dtype]}", t, ring_all_reduce(xs, dtype, op))
 
+# --cuda: a large all-reduce (a split one: every rank folds 1/N, _cuda_ipc.py) that crosses
+# the 2 MiB chunks of the ring (bf16: loops of N x 1M elements, then a partial loop), against
+# the compiled host model of the CPU path (too large for the Python reference above).
+if DEV.type == "cuda":
+    from tpcheck import _tpcheck
+
+    for dtype, op in ((torch.bfloat16, "sum"), (torch.float32, "avg")):
+        count = 2 * N * (1 << 20) + 12345
+        xs = [data(r, count, dtype, salt=12) for r in range(N)]
+        want = torch.empty(count, dtype=dtype)
+        _tpcheck.ring_reduce(xs, want, "all_reduce", op, ORDER, R)
+        t = D(xs[R].clone())
+        dist.all_reduce(t, op=OPS[op])
+        expect_equal(f"all_reduce {op} {FMT[dtype]} large", t, want)
+
 # integers: any order gives the same bits
 xs = [torch.arange(10, dtype=torch.int64) * (r + 1) for r in range(N)]
 t = D(xs[R].clone())
