@@ -212,7 +212,13 @@ def main(argv: list[str]) -> int:
             else:
                 opts, cmd = argv[:j], argv[j:]
                 break
-    p = argparse.ArgumentParser(prog="python -m tpcheck emulate", usage=USAGE)
+    p = argparse.ArgumentParser(
+        prog="python -m tpcheck emulate", usage=USAGE,
+        epilog="--trace DIR writes DIR/ledger.json; `tpcheck diff tp1/ledger.json tpN/ledger.json` "
+               "compares two launches. Before starting, N ranks are checked to fit in host memory "
+               "and on the GPUs (estimates; TPCHECK_EMULATE_RANK_MEMORY and "
+               "TPCHECK_EMULATE_RANK_GPU_MEMORY set the per-rank figures, 0 turns a check off). "
+               "docs/EMULATE.md has the details.")
     p.add_argument("-n", "--nproc", type=int, required=True, help="ranks (processes)")
     p.add_argument("--comm-order", default="nccl-ring", choices=["nccl-ring", "rank"])
     p.add_argument("--trace", default=None, metavar="DIR")
@@ -311,7 +317,8 @@ def _write_ledger(d: str, pids: list[int], order: str) -> None:
     """--trace: one ledger of the launch (ledger.json, schema tpcheck.emulate/1): every
     rank's collectives (comm.rank<r>.jsonl, written by the backend) and cuBLASLt GEMMs
     (cublaslt.rank<r>.log, parsed as tpcheck.trace() does); each rank's GEMMs also as
-    gemms.rank<r>.json (tpcheck.trace/1), which `tpcheck diff` compares across runs."""
+    gemms.rank<r>.json (tpcheck.trace/1). `tpcheck diff A/ledger.json B/ledger.json` reads
+    this file (src/cli/emulate_diff.cpp): keep its keys in step with that reader."""
     from . import _tpcheck
 
     ranks = []
