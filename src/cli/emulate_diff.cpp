@@ -35,6 +35,16 @@ struct Collective {
   // What the comparison looks at: the kind, dtype, per-rank bytes and
   // order/algorithm, with the reduction op and the group's size (a TP 2 all-reduce and a
   // TP 4 one of the same bytes are different collectives).
+  // The same, field by field, for the per-field summary.
+  std::vector<std::pair<const char*, std::string>> fields() const {
+    return {{"kind", kind},
+            {"dtype", dtypes},
+            {"op", op.empty() ? "(none)" : op},
+            {"bytes per rank", std::to_string(bytes)},
+            {"algorithm", algorithm + (order.empty() ? "" : " (" + order + ")")},
+            {"group size", std::to_string(group_size)}};
+  }
+
   std::string key() const {
     std::string s = kind + " " + dtypes;
     if (!op.empty()) s += " op=" + op;
@@ -272,6 +282,9 @@ std::string diff_collective_sequences(const std::vector<Collective>& a,
     if (inserted) groups.push_back({{ka, kb}, Group{0, i + 1, at_a, at_b}});
     ++groups[it->second].second.count;
   };
+  // Per field, the (A value, B value) changes among the aligned pairs, in order of first
+  // appearance: "group size 2 → 4 ×40" says in one line what 40 groups would.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::size_t>>>> by_field;
   for (std::size_t i = 0; i < common; ++i) {
     const std::string ka = a[i].key(), kb = b[i].key();
     if (ka == kb) {
@@ -279,6 +292,21 @@ std::string diff_collective_sequences(const std::vector<Collective>& a,
       continue;
     }
     add(ka, kb, i, a[i].at, b[i].at);
+    const auto fa = a[i].fields(), fb = b[i].fields();
+    for (std::size_t f = 0; f < fa.size(); ++f) {
+      if (fa[f].second == fb[f].second) continue;
+      auto fit = std::find_if(by_field.begin(), by_field.end(),
+                              [&](const auto& x) { return x.first == fa[f].first; });
+      if (fit == by_field.end()) fit = by_field.insert(by_field.end(), {fa[f].first, {}});
+      const std::string change = fa[f].second + " → " + fb[f].second;
+      auto cit = std::find_if(fit->second.begin(), fit->second.end(),
+                              [&](const auto& x) { return x.first == change; });
+      if (cit == fit->second.end()) {
+        fit->second.push_back({change, 1});
+      } else {
+        ++cit->second;
+      }
+    }
   }
   for (std::size_t i = common; i < a.size(); ++i) add(a[i].key(), "", i, a[i].at, "");
   for (std::size_t i = common; i < b.size(); ++i) add("", b[i].key(), i, "", b[i].at);
@@ -289,6 +317,22 @@ std::string diff_collective_sequences(const std::vector<Collective>& a,
   for (const auto& g : groups) differing += g.second.count;
   out += fmt::format(", {} differ or are unmatched, in {} group{}:\n", differing, groups.size(),
                      groups.size() == 1 ? "" : "s");
+  if (!by_field.empty()) {
+    out += fmt::format("    of the {} aligned pairs that differ:\n", common - same);
+    for (const auto& [name, changes] : by_field) {
+      std::size_t pairs = 0;
+      std::vector<std::string> shown;
+      for (const auto& [change, count] : changes) {
+        pairs += count;
+        if (shown.size() < 3) shown.push_back(fmt::format("{} ×{}", change, count));
+      }
+      out += fmt::format("      {} in {}: {}{}\n", name, pairs, fmt::join(shown, ", "),
+                         changes.size() > shown.size()
+                             ? fmt::format(", … {} more", changes.size() - shown.size())
+                             : "");
+    }
+    out += "    by signature:\n";
+  }
   for (std::size_t g = 0; g < groups.size() && g < kGroupsShown; ++g) {
     const auto& [keys, grp] = groups[g];
     const auto& [ka, kb] = keys;

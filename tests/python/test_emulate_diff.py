@@ -99,6 +99,9 @@ def test_collective_changes_are_named_per_rank(cli, runs, tmp_path):
     assert "B rank 0 against A rank 0:\n  3 → 3 collectives; 3 the same" in out, out
     block = out.split("B rank 1 against A rank 1:\n", 1)[1]
     assert block.startswith("  3 → 4 collectives; 2 the same at the same position, 2 differ"), block
+    assert ("    of the 1 aligned pairs that differ:\n"
+            "      algorithm in 1: ring/simple (nccl-ring) → rank-order (rank) ×1\n"
+            "    by signature:\n") in block, block
     assert re.search(r"1 × A: all_reduce float32 op=sum, 512 B per rank, ring/simple \(nccl-ring\) over 2 ranks\n"
                      r" +B: all_reduce float32 op=sum, 512 B per rank, rank-order \(rank\) over 2 ranks  \(first #2",
                      block), block
