@@ -55,7 +55,7 @@ struct Collective {
 };
 
 struct Rank {
-  std::string label;  // "rank 1" or "process 0 (pid 123)"
+  std::string label;                               // "rank 1" or "process 0 (pid 123)"
   std::optional<std::vector<CublasLtCall>> gemms;  // nullopt: no cuBLASLt log
   std::string log;                                 // the log the GEMMs came from
   std::vector<Collective> collectives;
@@ -225,30 +225,30 @@ bool diff_gemms(const Side& a, const Side& b, const Pairing& pairing) {
       continue;
     }
     static const std::vector<CublasLtCall> kNone;
-    const CublasLtDiff d = diff_cublaslt_calls(ra.gemms ? *ra.gemms : kNone,
-                                               rb.gemms ? *rb.gemms : kNone);
+    const CublasLtDiff d =
+        diff_cublaslt_calls(ra.gemms ? *ra.gemms : kNone, rb.gemms ? *rb.gemms : kNone);
     auto label = [](const Side& s, const Rank& r) {
       return r.gemms ? fmt::format("{} {} ({})", s.path, r.label, r.log)
                      : fmt::format("{} {} (no cuBLASLt log)", s.path, r.label);
     };
-    fmt::print("\n{}:\n{}", pair_label(a, b, p), format_cublaslt_diff(d, label(a, ra), label(b, rb)));
+    fmt::print("\n{}:\n{}", pair_label(a, b, p),
+               format_cublaslt_diff(d, label(a, ra), label(b, rb)));
     if (d.any()) {
       changed = true;
       std::size_t calls = 0;
       for (const CublasLtDiffGroup& g : d.groups) calls += g.count;
-      changed_pairs.push_back(fmt::format("B {}: {} call{} in {} group{}{}", rb.label, calls,
-                                          calls == 1 ? "" : "s", d.groups.size(),
-                                          d.groups.size() == 1 ? "" : "s",
-                                          d.only_a + d.only_b > 0
-                                              ? fmt::format(", {} only in A, {} only in B",
-                                                            d.only_a, d.only_b)
-                                              : ""));
+      changed_pairs.push_back(fmt::format(
+          "B {}: {} call{} in {} group{}{}", rb.label, calls, calls == 1 ? "" : "s",
+          d.groups.size(), d.groups.size() == 1 ? "" : "s",
+          d.only_a + d.only_b > 0 ? fmt::format(", {} only in A, {} only in B", d.only_a, d.only_b)
+                                  : ""));
     }
   }
   if (!neither.empty()) {
     if (neither.size() == pairing.pairs.size()) {
-      fmt::print("no GEMM recorded on either side (no cuBLASLt matmul was logged: the ranks "
-                 "ran on the CPU, or ran no cuBLASLt GEMM)\n");
+      fmt::print(
+          "no GEMM recorded on either side (no cuBLASLt matmul was logged: the ranks "
+          "ran on the CPU, or ran no cuBLASLt GEMM)\n");
     } else {
       fmt::print("\nno GEMM recorded on either side for: {}\n", fmt::join(neither, "; "));
     }
@@ -276,8 +276,8 @@ std::string diff_collective_sequences(const std::vector<Collective>& a,
   std::vector<std::pair<std::pair<std::string, std::string>, Group>> groups;
   const std::size_t common = std::min(a.size(), b.size());
   std::size_t same = 0;
-  auto add = [&](const std::string& ka, const std::string& kb, std::size_t i, const std::string& at_a,
-                 const std::string& at_b) {
+  auto add = [&](const std::string& ka, const std::string& kb, std::size_t i,
+                 const std::string& at_a, const std::string& at_b) {
     auto [it, inserted] = index.try_emplace({ka, kb}, groups.size());
     if (inserted) groups.push_back({{ka, kb}, Group{0, i + 1, at_a, at_b}});
     ++groups[it->second].second.count;
@@ -356,9 +356,10 @@ bool diff_collectives(const Side& a, const Side& b, const Pairing& pairing) {
   fmt::print("\n== collectives ==\n");
   for (const Side* s : {&a, &b}) {
     if (!s->records_collectives) {
-      fmt::print("{} is a trace ledger: it records GEMMs only, so the collectives are not "
-                 "compared\n",
-                 s->path);
+      fmt::print(
+          "{} is a trace ledger: it records GEMMs only, so the collectives are not "
+          "compared\n",
+          s->path);
       return false;
     }
   }
@@ -413,10 +414,12 @@ int diff_emulate_ledgers(const std::string& path_a, const json& ja, const std::s
   fmt::print("A = {}: {}\nB = {}: {}\nranks compared: {}\n", a.path, a.description, b.path,
              b.description, pairing.rule);
   for (std::size_t r : pairing.only_a) {
-    fmt::print("A {}: no such rank in B (B has {}), not compared\n", a.ranks[r].label, b.ranks.size());
+    fmt::print("A {}: no such rank in B (B has {}), not compared\n", a.ranks[r].label,
+               b.ranks.size());
   }
   for (std::size_t r : pairing.only_b) {
-    fmt::print("B {}: no such rank in A (A has {}), not compared\n", b.ranks[r].label, a.ranks.size());
+    fmt::print("B {}: no such rank in A (A has {}), not compared\n", b.ranks[r].label,
+               a.ranks.size());
   }
   bool changed = !pairing.only_a.empty() || !pairing.only_b.empty();
   changed = diff_gemms(a, b, pairing) || changed;
