@@ -15,6 +15,10 @@ then stops them (SIGTERM, SIGKILL 2 s later): every launch ends within ~6 s of t
 failure. The exit status is the first failed rank's (128 + signal for a killed one); a
 launch whose ranks all exit 0 but some never initialized the process group exits 1 and
 says which.
+
+Before starting anything it checks that N ranks fit: N processes with torch imported in
+host memory (MemAvailable), and, where nvidia-smi answers, one CUDA context per rank on
+the GPU it maps to (rank r → GPU r mod G); see _check_memory.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,6 +44,129 @@ KILL_S = 2.0
 def _fail(msg: str, code: int = 2) -> int:
     print(f"tpcheck emulate: {msg}", file=sys.stderr, flush=True)
     return code
+
+
+# Host memory one rank takes before the program does anything: a Python process that has
+# imported torch and torch.distributed. Measured 2026-12-04 here (torch 2.11.0+cu130,
+# Python 3.11, x86-64, no GPU) from /proc/self/status after
+# `python -c "import torch, torch.distributed"`: VmRSS 0.47 GiB (481 MiB), of which RssAnon
+# 269 MiB is the process's own and RssFile 212 MiB is torch's shared libraries, whose pages
+# every rank shares (counted once). A rank that creates a CUDA context holds more (VmRSS
+# 0.60 GiB measured on the H200 below): this is the least a rank needs, so the check only
+# refuses launches that cannot fit at all. TPCHECK_EMULATE_RANK_MEMORY replaces the
+# per-rank figure (0 turns the host check off).
+RANK_HOST_BYTES = 269 << 20
+SHARED_HOST_BYTES = 212 << 20
+# GPU memory of one rank's CUDA context, an estimate: measured 2026-12-04 on one H200
+# (driver 580.159.04, torch 2.11.0+cu130) with nvidia-smi's memory.used while 4 processes
+# each held torch.zeros(1, device="cuda"): 618 MiB per process (736 MiB after a first bf16
+# GEMM: cuBLAS's workspace and torch's caching allocator). Other GPUs, drivers and
+# CUDA_MODULE_LOADING settings differ. TPCHECK_EMULATE_RANK_GPU_MEMORY replaces it (0 turns
+# the GPU check off, e.g. for a program that uses no CUDA on a machine with GPUs).
+RANK_CUDA_BYTES = 618 << 20
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def _bytes_from_env(name: str, default: int) -> int:
+    """A size from the environment: bytes, or a number with K, M, G or T (binary: 1G = 1 GiB;
+    KiB, GB and the like are read the same). ValueError naming the variable otherwise."""
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return default
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not m:
+        raise ValueError(f"{name}={text!r}: expected a size in bytes, or a number with K, M, G "
+                         f"or T (e.g. 2G for 2 GiB; 0 turns the check off)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none: not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _visible_gpus() -> list[tuple[str, int]] | None:
+    """(GPU name for messages, free bytes) of the GPUs this launch's ranks can use, in CUDA's
+    order, from `nvidia-smi` (never through torch.cuda: the launcher must not create a CUDA
+    context). None when there is no nvidia-smi, it fails, or CUDA_VISIBLE_DEVICES names
+    devices it cannot be matched with (MIG instances)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        p = subprocess.run([smi, "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if p.returncode != 0:
+        return None
+    gpus = []  # (index, uuid, free MiB)
+    for line in p.stdout.splitlines():
+        fields = [x.strip() for x in line.split(",")]
+        if len(fields) != 3:
+            continue
+        try:
+            gpus.append((fields[0], fields[1], int(float(fields[2]))))
+        except ValueError:
+            continue  # "[N/A]" and the like: nothing to check against
+    if not gpus:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        chosen = gpus
+    else:
+        chosen = []
+        for tok in (t.strip() for t in visible.split(",")):
+            # CUDA stops at the first entry that names no device; so do we.
+            match = [g for g in gpus if tok and (tok == g[0] or (tok.startswith("GPU-") and g[1].startswith(tok)))]
+            if not match:
+                if tok.startswith("MIG-"):
+                    return None
+                break
+            chosen.append(match[0])
+    return [(f"GPU {i} ({u})", free << 20) for i, u, free in chosen]
+
+
+def _check_memory(n: int) -> str | None:
+    """Why N ranks cannot fit (the message), or None. Only estimates: see RANK_HOST_BYTES
+    and RANK_CUDA_BYTES."""
+    per_rank = _bytes_from_env("TPCHECK_EMULATE_RANK_MEMORY", RANK_HOST_BYTES)
+    avail = _mem_available()
+    if per_rank > 0 and avail is not None:
+        # The launcher imports torch too (it hosts the store), so it counts as one more.
+        need = (n + 1) * per_rank + SHARED_HOST_BYTES
+        if need > avail:
+            return (f"-n {n}: each rank needs about {_gib(per_rank)} of host memory (a Python "
+                    f"process with torch imported; TPCHECK_EMULATE_RANK_MEMORY sets it); {n} "
+                    f"rank{'s' if n > 1 else ''} need {_gib(need)} (with the launcher and "
+                    f"{_gib(SHARED_HOST_BYTES)} of torch's libraries, shared), the machine has "
+                    f"{_gib(avail)} available (MemAvailable)")
+    per_gpu_rank = _bytes_from_env("TPCHECK_EMULATE_RANK_GPU_MEMORY", RANK_CUDA_BYTES)
+    gpus = _visible_gpus() if per_gpu_rank > 0 else None
+    if gpus:
+        g = len(gpus)
+        for j, (name, free) in enumerate(gpus):
+            ranks = n // g + (1 if j < n % g else 0)  # ranks r with r mod G == j
+            if ranks * per_gpu_rank > free:
+                return (f"-n {n}: each rank that uses CUDA needs about {_gib(per_gpu_rank)} of GPU "
+                        f"memory for its CUDA context (an estimate; "
+                        f"TPCHECK_EMULATE_RANK_GPU_MEMORY sets it, 0 for a program that uses no "
+                        f"CUDA); rank r runs on GPU r mod {g}, so {name} would hold {ranks} "
+                        f"rank{'s' if ranks > 1 else ''}: {_gib(ranks * per_gpu_rank)}, it has "
+                        f"{_gib(free)} free (nvidia-smi memory.free)")
+    return None
 
 
 def _free_port() -> int:
@@ -84,7 +212,13 @@ def main(argv: list[str]) -> int:
             else:
                 opts, cmd = argv[:j], argv[j:]
                 break
-    p = argparse.ArgumentParser(prog="python -m tpcheck emulate", usage=USAGE)
+    p = argparse.ArgumentParser(
+        prog="python -m tpcheck emulate", usage=USAGE,
+        epilog="--trace DIR writes DIR/ledger.json; `tpcheck diff tp1/ledger.json tpN/ledger.json` "
+               "compares two launches. Before starting, N ranks are checked to fit in host memory "
+               "and on the GPUs (estimates; TPCHECK_EMULATE_RANK_MEMORY and "
+               "TPCHECK_EMULATE_RANK_GPU_MEMORY set the per-rank figures, 0 turns a check off). "
+               "docs/EMULATE.md has the details.")
     p.add_argument("-n", "--nproc", type=int, required=True, help="ranks (processes)")
     p.add_argument("--comm-order", default="nccl-ring", choices=["nccl-ring", "rank"])
     p.add_argument("--trace", default=None, metavar="DIR")
@@ -102,6 +236,12 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, *cmd]
     elif shutil.which(cmd[0]) is None:
         return _fail(f"command not found: {cmd[0]}", 127)
+    try:
+        too_big = _check_memory(a.nproc)
+    except ValueError as e:
+        return _fail(str(e))
+    if too_big:
+        return _fail(too_big)
 
     import tpcheck
 
@@ -177,7 +317,8 @@ def _write_ledger(d: str, pids: list[int], order: str) -> None:
     """--trace: one ledger of the launch (ledger.json, schema tpcheck.emulate/1): every
     rank's collectives (comm.rank<r>.jsonl, written by the backend) and cuBLASLt GEMMs
     (cublaslt.rank<r>.log, parsed as tpcheck.trace() does); each rank's GEMMs also as
-    gemms.rank<r>.json (tpcheck.trace/1), which `tpcheck diff` compares across runs."""
+    gemms.rank<r>.json (tpcheck.trace/1). `tpcheck diff A/ledger.json B/ledger.json` reads
+    this file (src/cli/emulate_diff.cpp): keep its keys in step with that reader."""
     from . import _tpcheck
 
     ranks = []

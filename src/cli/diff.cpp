@@ -1,6 +1,8 @@
 // `tpcheck diff A B`: what changed between two trace ledgers (tpcheck trace: two
-// machines, two library versions, TP 1 vs TP N) or two run reports (tpcheck run --json):
-// algorithms, numerical classes, verdicts, environment.
+// machines, two library versions, TP 1 vs TP N), two emulate ledgers (python -m tpcheck
+// emulate --trace DIR: DIR/ledger.json, per rank; emulate_diff.cpp), an emulate ledger and
+// a trace ledger, or two run reports (tpcheck run --json): algorithms, numerical classes,
+// collectives, verdicts, environment.
 #include <fmt/format.h>
 
 #include <fstream>
@@ -26,9 +28,11 @@ nlohmann::json read_json(const std::string& path) {
 
 std::string schema_of(const nlohmann::json& j, const std::string& path) {
   const std::string schema = j.is_object() ? j.value("schema", "") : "";
-  TPCHECK_CHECK_INPUT(schema == kTraceSchema || schema == "tpcheck.run/1",
-                      "'{}' has schema '{}'; expected a trace ledger ({}) or a run report "
-                      "(tpcheck.run/1)", path, schema, kTraceSchema);
+  TPCHECK_CHECK_INPUT(schema == kTraceSchema || schema == kEmulateSchema ||
+                          schema == "tpcheck.run/1",
+                      "'{}' has schema '{}'; expected a trace ledger ({}), an emulate ledger ({}) "
+                      "or a run report (tpcheck.run/1)",
+                      path, schema, kTraceSchema, kEmulateSchema);
   return schema;
 }
 
@@ -91,15 +95,25 @@ int diff_traces(const DiffArgs& args, const nlohmann::json& ja, const nlohmann::
 
 CLI::App* add_diff_command(CLI::App& app, DiffArgs& args) {
   CLI::App* cmd = app.add_subcommand(
-      "diff", "what changed between two trace ledgers (tpcheck trace) or two run reports (--json)");
-  cmd->add_option("A", args.a, "first ledger.json or run report")->required();
-  cmd->add_option("B", args.b, "second ledger.json or run report")->required();
+      "diff",
+      "what changed between two trace ledgers (tpcheck trace), two emulate ledgers (python -m "
+      "tpcheck emulate --trace DIR: DIR/ledger.json; per rank, the GEMMs whose algorithm or "
+      "numerical class changed and the collectives; one side may be a trace ledger) or two run "
+      "reports (--json)");
+  cmd->add_option("A", args.a, "first ledger.json or run report (e.g. the TP 1 run)")->required();
+  cmd->add_option("B", args.b, "second ledger.json or run report (e.g. the TP N run)")->required();
   return cmd;
 }
 
 int diff_command(const DiffArgs& args) {
   const nlohmann::json ja = read_json(args.a), jb = read_json(args.b);
   const std::string sa = schema_of(ja, args.a), sb = schema_of(jb, args.b);
+  // An emulate ledger holds one trace ledger per rank: comparable with another emulate
+  // ledger or with a trace ledger (a single process, e.g. a TP 1 run under tpcheck trace).
+  const bool ledgers = sa != "tpcheck.run/1" && sb != "tpcheck.run/1";
+  if (ledgers && (sa == kEmulateSchema || sb == kEmulateSchema)) {
+    return diff_emulate_ledgers(args.a, ja, args.b, jb);
+  }
   TPCHECK_CHECK_INPUT(sa == sb, "cannot compare a {} ('{}') with a {} ('{}')", sa, args.a, sb, args.b);
   if (sa == kTraceSchema) return diff_traces(args, ja, jb);
   const std::vector<std::string> changes = diff_run_reports(ja, jb);

@@ -193,3 +193,50 @@ def test_program_hands_emulate_to_the_package():
     p = subprocess.run([cli, "emulate", "-n", "2", "--", "true"], capture_output=True, text=True,
                        timeout=60, env=env)
     assert p.returncode == 2 and "'/no/such/python' could not be started" in p.stderr, p.stderr
+
+
+def test_refuses_more_ranks_than_memory_allows(tmp_path):
+    """Bad input "-n larger than memory allows": refused before any process starts (the
+    command would leave a file), exit 2, the figures named. Forced cheaply through the
+    per-rank figures' variables; nvidia-smi is a stand-in script printing what the real one
+    prints for --query-gpu=index,uuid,memory.free --format=csv,noheader,nounits."""
+    marker = tmp_path / "started"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    env = dict(os.environ, TPCHECK_EMULATE_RANK_MEMORY="1T")
+
+    def run(args, env):
+        p = subprocess.run([sys.executable, "-m", "tpcheck", "emulate", *args, *cmd],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert not marker.exists(), "a rank was started"
+        return p.returncode, p.stderr
+
+    rc, err = run(["-n", "4"], env)
+    m = re.search(r"-n 4: each rank needs about 1024\.00 GiB of host memory \(a Python process with "
+                  r"torch imported.*\); 4 ranks need ([0-9.]+) GiB .*the machine has ([0-9.]+) GiB "
+                  r"available \(MemAvailable\)", err)
+    assert rc == 2 and m, err
+    assert float(m.group(1)) >= 4 * 1024 and float(m.group(2)) < float(m.group(1))
+
+    rc, err = run(["-n", "2"], dict(env, TPCHECK_EMULATE_RANK_MEMORY="lots"))
+    assert rc == 2 and "TPCHECK_EMULATE_RANK_MEMORY='lots': expected a size in bytes" in err, err
+
+    # GPUs: 0 has room, 1 has 1000 MiB free; only GPU 1 is visible, so it holds both ranks
+    # (rank r → visible GPU r mod 1) at the default 618 MiB of CUDA context each.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-aaaa, 100000'\necho '1, GPU-bbbb, 1000'\n")
+    smi.chmod(0o755)
+    gpu_env = dict(os.environ, TPCHECK_EMULATE_RANK_MEMORY="0", CUDA_VISIBLE_DEVICES="1",
+                   PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    rc, err = run(["-n", "2"], gpu_env)
+    assert rc == 2, err
+    assert ("-n 2: each rank that uses CUDA needs about 0.60 GiB of GPU memory for its CUDA context "
+            "(an estimate;") in err, err
+    assert ("rank r runs on GPU r mod 1, so GPU 1 (GPU-bbbb) would hold 2 ranks: 1.21 GiB, it has "
+            "0.98 GiB free (nvidia-smi memory.free)") in err, err
+    # Both visible (by UUID): ranks 0 and 2 go to GPU 0, rank 1 to GPU 1, which has no room
+    # for one rank of 1 GiB.
+    rc, err = run(["-n", "3"], dict(gpu_env, CUDA_VISIBLE_DEVICES="GPU-aaaa,GPU-bbbb",
+                                    TPCHECK_EMULATE_RANK_GPU_MEMORY="1G"))
+    assert rc == 2 and "so GPU 1 (GPU-bbbb) would hold 1 rank: 1.00 GiB" in err, err
