@@ -178,6 +178,27 @@ def test_example_runs():
         assert re.search(rf"\[rank0\]: {name} +pass", out), out
 
 
+def test_tf32_investigation_example_runs_on_the_cpu():
+    """examples/tf32_investigation.py at TP 2 with --small: on the CPU it must say that TF32
+    needs a GPU, still print every section (the worst element under the reference rule,
+    the skipped trace, counterfactuals that remove 0 % because there is no TF32 to turn
+    off, compare_tp's verdict) and exit 0 (the truth verdict passes)."""
+    ex = os.path.join(HERE, "..", "..", "examples", "tf32_investigation.py")
+    rc, out, err, _ = emulate(["-n", "2", "--", ex, "--small"])
+    assert rc == 0, out + err
+    assert "[rank0]: NOTE: TF32 needs a GPU" in out, out
+    for section in ("== 1. worst element under the reference rule", "== 2. GEMM sites",
+                    "== 3. counterfactuals", "== 4. compare_tp verdict"):
+        assert f"[rank0]: {section}" in out, out
+    assert re.search(r"\[rank0\]: \w[\w.]*\[\d+(, \d+)?\]: TP 1 \S+, TP 2 \S+", out), out
+    assert "skipped: tpcheck.trace() records cuBLASLt" in out
+    removed = re.findall(r"\[rank0\]: TF32 off for (.+?): .*: (\d+) % removed", out)
+    assert [w for w, _ in removed] == [f"{s} only" for s in (
+        "fc1.fwd", "fc2.fwd", "fc2.dgrad", "fc2.wgrad", "fc1.dgrad", "fc1.wgrad")] + ["every GEMM"], out
+    assert all(p == "0" for _, p in removed), out
+    assert "[rank0]: verdict: PASS" in out, out
+
+
 def test_program_hands_emulate_to_the_package():
     """`tpcheck emulate ...` (the C++ program) runs `$TPCHECK_PYTHON -m tpcheck emulate ...`
     with the same arguments; an interpreter that cannot start is named."""

@@ -1,10 +1,21 @@
-"""Megatron-style tensor-parallel MLP written for the compare_tp tests (not Megatron's code:
-the same parameter attributes and communication pattern), with switchable injected bugs.
+"""Megatron-style tensor-parallel mappings and MLP, written for tpcheck's tests (not
+Megatron's code: the same parameter attributes and communication pattern,
+megatron/core/tensor_parallel/mappings.py written anew), with switchable injected bugs.
+The one definition of these mappings: the compare_tp tests (torch_tp_worker.py, spawned
+gloo ranks) and the emulate tests (emulate_workers/mlp.py, under `python -m tpcheck
+emulate`) both use them.
+
+Mappings (torch.autograd.Functions on this rank's tensors, over the default group):
+  CopyToRegion            identity forward, all-reduce of the gradient backward (Megatron's f)
+  ReduceFromRegion        all-reduce forward, identity backward (Megatron's g)
+  GatherFromSequence      all-gather along dim 0 forward, reduce-scatter backward
+  ReduceScatterToSequence reduce-scatter along dim 0 forward, all-gather backward
+(all_gather_into_tensor / reduce_scatter_tensor: gloo has both since PyTorch 2.x, and
+the emulate backend too).
 
 ColumnParallelLinear (weight rows split, partition_dim 0) → GELU → RowParallelLinear
 (weight columns split, partition_dim 1), optionally sequence parallel (input and output
-split along the sequence dim 0 of [seq, batch, hidden]). Collectives over gloo; gloo has
-no reduce-scatter, so it is an all-reduce followed by this rank's chunk.
+split along the sequence dim 0 of [seq, batch, hidden]).
 
 BUG names the injected bug (module global, set by the test in each rank process):
   "none", "dropped-allreduce" (row-parallel output not reduced),
@@ -28,20 +39,22 @@ def _n() -> int:
 
 
 def _all_gather0(x: torch.Tensor) -> torch.Tensor:
-    pieces = [torch.empty_like(x) for _ in range(_n())]
-    dist.all_gather(pieces, x.contiguous())
+    out = torch.empty((x.shape[0] * _n(), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x.contiguous())
     if BUG == "wrong-group-gather":
-        pieces = pieces[1:] + pieces[:1]
-    return torch.cat(pieces, 0)
+        pieces = out.chunk(_n(), 0)
+        out = torch.cat(pieces[1:] + pieces[:1], 0)
+    return out
 
 
 def _reduce_scatter0(x: torch.Tensor, forward: bool) -> torch.Tensor:
-    x = x.clone()
-    if not (forward and BUG == "dropped-allreduce"):
-        dist.all_reduce(x)
+    if forward and BUG == "dropped-allreduce":  # this rank's own partial, not summed
+        return x.chunk(_n(), 0)[dist.get_rank()].clone()
+    out = torch.empty((x.shape[0] // _n(), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x.contiguous())
     if not forward and BUG == "grad-averaged":
-        x /= _n()
-    return x.chunk(_n(), 0)[dist.get_rank()].contiguous()
+        out /= _n()
+    return out
 
 
 class CopyToRegion(torch.autograd.Function):

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import emulate_ring_ref as ref  # noqa: E402
+import torch_tp_layers as L  # noqa: E402  (Megatron's mappings: their one definition; BUG stays "none")
 
 OUT = sys.argv[1]
 DTENSOR = "--dtensor" in sys.argv
@@ -44,59 +45,6 @@ WQ, WK, WV, WO = (torch.randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5 for _ in range(4))
 BO = torch.randn(HIDDEN) * 0.1
 
 
-# ---- Megatron's mappings (megatron/core/tensor_parallel/mappings.py, written anew) ----------
-class CopyToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous()
-        dist.all_reduce(g)
-        return g
-
-
-class ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x = x.contiguous()
-        dist.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class GatherFromSP(torch.autograd.Function):  # all-gather along seq; backward reduce-scatter
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty((x.shape[0] * N, *x.shape[1:]), dtype=x.dtype)
-        dist.all_gather_into_tensor(out, x.contiguous())
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        out = torch.empty((g.shape[0] // N, *g.shape[1:]), dtype=g.dtype)
-        dist.reduce_scatter_tensor(out, g.contiguous())
-        return out
-
-
-class ReduceScatterToSP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty((x.shape[0] // N, *x.shape[1:]), dtype=x.dtype)
-        dist.reduce_scatter_tensor(out, x.contiguous())
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        out = torch.empty((g.shape[0] * N, *g.shape[1:]), dtype=g.dtype)
-        dist.all_gather_into_tensor(out, g.contiguous())
-        return out
-
-
 def shard(t, dim):
     return t.chunk(N, dim)[R].clone()
 
@@ -107,10 +55,10 @@ def megatron_mlp(sp: bool):
     w2 = shard(W2, 1).requires_grad_()
     b2 = B2.clone().requires_grad_()
     x = (shard(X, 0) if sp else X.clone()).requires_grad_()
-    h = GatherFromSP.apply(x) if sp else CopyToTP.apply(x)
+    h = L.GatherFromSequence.apply(x) if sp else L.CopyToRegion.apply(x)
     a = F.gelu(F.linear(h, w1, b1), approximate="tanh")
     partial = F.linear(a, w2)
-    y = (ReduceScatterToSP.apply(partial) if sp else ReduceFromTP.apply(partial)) + b2
+    y = (L.ReduceScatterToSequence.apply(partial) if sp else L.ReduceFromRegion.apply(partial)) + b2
     y.backward(shard(DY, 0) if sp else DY)
     return y, x.grad, w1.grad, b1.grad, w2.grad, b2.grad, a.detach()
 
@@ -131,9 +79,9 @@ def megatron_attention(sp: bool):
     wq, wk, wv = (shard(w, 0).requires_grad_() for w in (WQ, WK, WV))  # heads of this rank
     wo = shard(WO, 1).requires_grad_()
     x = (shard(X, 0) if sp else X.clone()).requires_grad_()
-    h = GatherFromSP.apply(x) if sp else CopyToTP.apply(x)
+    h = L.GatherFromSequence.apply(x) if sp else L.CopyToRegion.apply(x)
     partial = attention(h, wq, wk, wv, wo, HEADS // N)
-    y = (ReduceScatterToSP.apply(partial) if sp else ReduceFromTP.apply(partial)) + BO
+    y = (L.ReduceScatterToSequence.apply(partial) if sp else L.ReduceFromRegion.apply(partial)) + BO
     y.backward(shard(DY, 0) if sp else DY)
     return y, x.grad, wq.grad, wk.grad, wo.grad
 
