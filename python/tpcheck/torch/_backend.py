@@ -4,16 +4,17 @@ Every collective is one step of the group: each rank
   1. writes its contribution (the tensors the others need) into its exchange buffer
      (shared memory for CPU tensors, _shm.py; a CUDA IPC buffer for GPU tensors,
      _cuda_ipc.py),
-  2. publishes (call number, kind, signature = op/dtype/shapes, buffer location, call
-     site) under `tpcheck/<seq>/<rank>` in the group's store,
+  2. publishes a record (call number, kind, signature = op/dtype/shapes, buffer location,
+     call site) in its record file in shared memory (_records.py; the files' names go
+     through the group's store once),
   3. waits for every rank's record of the same call number, checks that all ranks called
      the same collective with the same signature (else an error naming both calls), and
   4. computes its own output from the others' buffers, read in place: reductions through
      the compiled ring model (_tpcheck.ring_reduce: NCCL's Ring/Simple order and per-step
      rounding, or rank order; on a GPU the device group's kernel, with a large all-reduce
-     split into one share per rank and a second round of records, _cuda_ipc.py), gathers
+     split into one share per rank and a second round of flags, _cuda_ipc.py), gathers
      and copies by plain copies.
-While it waits it watches `tpcheck/events`, where the launcher (`python -m tpcheck
+While it waits it watches the launch's events file, where the launcher (`python -m tpcheck
 emulate`) records ranks that exited or were killed: a rank waiting on one that is gone
 raises an error naming it instead of waiting for the timeout.
 
@@ -142,6 +143,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         self._order = comm_order()
         self._shm = ShmExchange(f"g{_groups}")
         self._cuda = None  # _cuda_ipc.CudaExchange, made on the first CUDA tensor
+        self._records = None  # _records.RecordFile, made at the first collective
         self._trace = None
         tdir = os.environ.get("TPCHECK_TRACE_DIR")
         if tdir:
@@ -206,21 +208,84 @@ class TpcheckProcessGroup(dist.ProcessGroup):
 
     def _wait(self, keys: list[str], what: str):
         """Polls the store until every key exists (a timed-out store.wait logs a C++
-        warning each time, so it is not used); watches the launcher's events meanwhile."""
+        warning each time, so it is not used)."""
+        self._poll(lambda: self._check(keys, what), what,
+                   lambda: ", ".join(k for k in keys if not self._store.check([k])))
+
+    def _poll(self, done, what: str, missing):
+        """Calls done() until it returns true, watching the launcher's events meanwhile
+        (every 0.2 s); after the group's timeout, an error naming missing()'s answer. It
+        spins for the first 0.1 ms (a peer's record usually arrives within it), then sleeps
+        a little between polls, and 1 ms once a peer is 10 ms late."""
         start = time.monotonic()
         deadline = start + self._timeout.total_seconds()
-        delay, next_events = 0.0, start + 0.2
-        while not self._check(keys, what):
+        next_events = start + 0.2
+        while not done():
             now = time.monotonic()
             if now > next_events:
                 self._check_events(what)
                 next_events = now + 0.2
             if now > deadline:
-                missing = [k for k in keys if not self._store.check([k])]
                 raise EmulateError(f"timeout ({self._timeout}) in {what}: no record from "
-                                   f"{', '.join(missing)}")
-            time.sleep(delay)
-            delay = min(0.001, delay * 2 or 2e-5)  # a late peer costs at most ~1 ms more
+                                   f"{missing()}")
+            late = now - start
+            if late > 0.01:
+                time.sleep(0.001)
+            elif late > 1e-4:
+                time.sleep(2e-5)
+
+    def _record_file(self):
+        """This rank's RecordFile, its peers' mapped; the file names go through the store
+        once, at the group's first collective."""
+        if self._records is None:
+            from ._records import RecordFile
+
+            rf = RecordFile(f"g{self._gid}")
+            self._store.set(f"tpcheck/records/{self._rank}", rf.path)
+            keys = [f"tpcheck/records/{r}" for r in range(self._size)]
+            self._wait(keys, "the group's first collective (exchanging record files)")
+            rf.open_peers([b.decode() for b in self._store.multi_get(keys)], self._rank)
+            self._records = rf
+            if "TPCHECK_EMULATE_JOB" not in os.environ:  # the launcher removes the job's files
+                import atexit
+
+                atexit.register(rf.close)
+        return self._records
+
+    def _exchange_records(self, seq: int, rec: dict, what: str) -> list[dict]:
+        """Publishes this rank's record of call `seq`; returns every rank's."""
+        rf = self._record_file()
+        payload = json.dumps(rec).encode()
+        if not rf.fits(payload):
+            key = f"tpcheck/big/{seq}/{self._rank}"
+            self._store.set(key, payload)
+            payload = json.dumps({"seq": seq, "store": key}).encode()
+        rf.publish(seq, payload)
+        recs: list = [None] * self._size
+
+        def all_there():
+            for r in range(self._size):
+                if recs[r] is None:
+                    recs[r] = rf.read(r, seq)
+                    if recs[r] is None:
+                        return False
+            return True
+
+        self._poll(all_there, what,
+                   lambda: ", ".join(self._who(r) for r in range(self._size) if recs[r] is None))
+        for r, got in enumerate(recs):
+            if "store" in got:
+                recs[r] = json.loads(self._store.get(got["store"]))
+        return recs
+
+    def _wait_reduced(self, seq, what):
+        """The second round of a split all-reduce: every rank recorded its `reduced`."""
+        rf = self._record_file()
+        rf.set_flag(seq)
+        self._poll(lambda: all(rf.flag(r, seq) for r in range(self._size)),
+                   f"{what} (call #{seq} of the group, its shares)",
+                   lambda: ", ".join(self._who(r) for r in range(self._size)
+                                     if not rf.flag(r, seq)))
 
     def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None, device=None,
               put_options=None):
@@ -238,14 +303,9 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         ex = self._exchange(dev)
         loc = ex.put(seq, contrib, **(put_options or {}))
         desc = self._format_call(kind, sig)
-        rec = {"kind": kind, "sig": sig, "desc": desc, "loc": loc, "extra": extra,
+        rec = {"seq": seq, "kind": kind, "sig": sig, "desc": desc, "loc": loc, "extra": extra,
                "at": _call_site()}
-        self._store.set(f"tpcheck/{seq}/{self._rank}", json.dumps(rec))
-        if seq >= 2:
-            self._store.delete_key(f"tpcheck/{seq - 2}/{self._rank}")
-        keys = [f"tpcheck/{seq}/{r}" for r in range(self._size)]
-        self._wait(keys, f"{desc} (call #{seq} of the group, at {rec['at']})")
-        recs = [json.loads(b) for b in self._store.multi_get(keys)]
+        recs = self._exchange_records(seq, rec, f"{desc} (call #{seq} of the group, at {rec['at']})")
         if ex is not self._shm:
             ex.note_peers(recs, self._rank)
         for r, other in enumerate(recs):
@@ -390,14 +450,6 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                 and all(t.device.type == "cuda" and t.dtype in _RING_DTYPES for t in tensors)
                 and len({t.dtype for t in tensors}) == 1
                 and max(t.numel() * t.element_size() for t in tensors) >= _split_bytes())
-
-    def _wait_reduced(self, seq, what):
-        """The second round of a split all-reduce: every rank recorded its `reduced`."""
-        self._store.set(f"tpcheck/{seq}/{self._rank}/reduced", "1")
-        if seq >= 2:
-            self._store.delete_key(f"tpcheck/{seq - 2}/{self._rank}/reduced")
-        self._wait([f"tpcheck/{seq}/{r}/reduced" for r in range(self._size)],
-                   f"{what} (call #{seq} of the group, its shares)")
 
     def _all_reduce_list(self, tensors, opts, kind="all_reduce", root=0):
         op = self._op(getattr(opts, "reduceOp", ReduceOp.SUM), kind)
