@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 import sys
 
@@ -40,9 +41,24 @@ BUGS += [("dtensor", b) for b in ("dropped-allreduce", "rescale")]
 TP_SIZES = [2, 4, 8] if LONG else [2, 4]
 
 
+# input that only some ranks see as bad (the error each raises; "{r}": the rank that found it)
+BAD_INPUTS = {
+    "rank1-unknown-shards": r"shards names \['fc3.weight'\] match no parameter",
+    "rank1-other-input-values": r"input 'input' on rank 1 differs from rank 0's \(\d+ of 512 elements",
+    "rank1-other-input-shape": r"rank 1 was called with inputs \{'input': \[\[8, 2, 16\]",
+    "root-only-buffer-change": r"the unsharded module's buffer 'running_mean' changed in forward",
+}
+BAD_FOUND_ON = {"rank1-unknown-shards": 1, "rank1-other-input-values": 1,
+                "rank1-other-input-shape": None, "root-only-buffer-change": 0}
+AFTER_BAD_SEED = 199  # a correct run after the bad inputs: the group still works
+
+
 def _jobs() -> list[dict]:
     jobs = [dict(kind=k, bug="none", seed=s) for k in KINDS for s in HELD_OUT_SEEDS]
     jobs += [dict(kind=k, bug=b, seed=7) for k, b in BUGS]
+    jobs += [dict(kind="replica", bug="rank1-output-scaled", seed=7)]
+    jobs += [dict(kind="bad-input", bug=b, seed=0) for b in BAD_INPUTS]
+    jobs += [dict(kind="megatron", bug="none", seed=AFTER_BAD_SEED)]
     return jobs
 
 
@@ -64,13 +80,14 @@ def _by_job(ranks):
 
 def test_correct_code_passes_under_truth_on_held_out_seeds(tp_results):
     n, ranks = tp_results
-    results = _by_job(ranks)
+    results = {k: rs for k, rs in _by_job(ranks).items() if k[0] in KINDS}
     errors = [r for rs in results.values() for r in rs if "error" in r]
     assert not errors, errors[0].get("traceback", errors[0]["error"])
-    false_alarms = [(k, r["rank_failing"] if "rank_failing" in r else r["failing"], r["reasons"])
+    false_alarms = [(k, r["failing"], r["reasons"])
                     for k, rs in results.items() if k[1] == "none" for r in rs if not r["passed"]]
     assert not false_alarms, f"TP {n}: false alarms {false_alarms[:3]}"
-    runs = [k for k in results if k[1] == "none"]
+    assert ("megatron", "none", AFTER_BAD_SEED) in results  # ran (and passed) after bad input
+    runs = [k for k in results if k[1] == "none" and k[2] != AFTER_BAD_SEED]
     ac_fail = sum(any(r["assert_close_fails"] for r in results[k]) for k in runs)
     te_fail = sum(any(r["te_rule_fails"] for r in results[k]) for k in runs)
     print(f"\nTP {n}: {len(runs)} correct runs pass under truth; torch.testing.assert_close "
@@ -86,6 +103,56 @@ def test_injected_bug_is_caught(tp_results, kind, bug):
     rs = _by_job(ranks)[(kind, bug, 7)]
     assert all("error" not in r for r in rs), rs[0].get("traceback")
     assert all(not r["passed"] for r in rs), f"TP {n}: {kind} with {bug} passed on some rank"
+
+
+def test_truth_is_computed_on_rank_0_only_and_every_rank_gets_the_same_report(tp_results):
+    """The unsharded run, the truth and the judging happen once per group, on rank 0; the
+    verdicts reach every rank: the same report (but for its `rank`), the same assert_ok
+    reason, and the judged tensors (raw) only on rank 0."""
+    n, ranks = tp_results
+    jobs = [k for k in _by_job(ranks) if k[0] in KINDS or k[0] == "replica"]
+    assert len(jobs) == len(_jobs()) - len(BAD_INPUTS)
+    for key in jobs:
+        rs = _by_job(ranks)[key]
+        assert len(rs) == n and all("error" not in r for r in rs), rs[0].get("traceback")
+        calls = [r["truth_calls"] for r in rs]
+        assert calls == [1] + [0] * (n - 1), f"TP {n} {key}: truth computed per rank {calls}"
+        assert all(r["report"] == rs[0]["report"] for r in rs[1:]), f"TP {n} {key}: reports differ"
+        assert all(r["assert_ok"] == rs[0]["assert_ok"] for r in rs[1:])
+        assert (rs[0]["assert_ok"] is None) == rs[0]["passed"]
+        assert rs[0]["raw_names"] and all(r["raw_names"] == [] for r in rs[1:])
+
+
+def test_a_replica_that_differs_on_one_rank_is_judged_on_every_rank(tp_results):
+    """Rank 1's copy of the replicated output is 1 % off: rank 0's copy passes, and every
+    rank's report carries the failing entry "output (rank 1's copy)"."""
+    n, ranks = tp_results
+    rs = _by_job(ranks)[("replica", "rank1-output-scaled", 7)]
+    for r in rs:
+        entries = {e["name"]: e for e in r["report"]["tensors"]}
+        assert entries["output"]["verdicts"]["truth"]["passed"]
+        copy_entry = entries["output (rank 1's copy)"]
+        assert copy_entry["rank"] == 1 and copy_entry["copy_of"] == "output"
+        assert not copy_entry["verdicts"]["truth"]["passed"]
+        assert "output (rank 1's copy)" in r["failing"]
+        assert not any(name.endswith(f"(rank {q}'s copy)") for name in entries for q in range(2, n))
+
+
+@pytest.mark.parametrize("bug", list(BAD_INPUTS))
+def test_bad_input_on_some_ranks_raises_on_every_rank(tp_results, bug):
+    """Input bad on one rank only (or seen only where the unsharded module runs) raises the
+    same error on every rank, naming the rank that found it on the others; nobody waits in a
+    collective (the worker's group has a 2-minute timeout, and a later run still works)."""
+    n, ranks = tp_results
+    rs = _by_job(ranks)[("bad-input", bug, 0)]
+    assert len(rs) == n
+    for rank, r in enumerate(rs):
+        assert "error" in r, f"TP {n}: rank {rank} did not raise for {bug}: {r}"
+        assert r["error_type"] == "ValueError", r["error"]
+        assert re.search(BAD_INPUTS[bug], r["error"]), r["error"]
+        found = BAD_FOUND_ON[bug]
+        if found is not None and rank != found:
+            assert f"(found on rank {found} of {n})" in r["error"], r["error"]
 
 
 # --- bad input, one rank ----------------------------------------------------------------
@@ -174,6 +241,7 @@ def test_megatron_partition_stride_reassembles_interleaved_shards(monkeypatch):
     def fake_all_gather(out, t, group=None):
         for r in range(n):
             out[r].copy_(shards[r])
+    monkeypatch.setattr(g.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(g.dist, "get_world_size", lambda group=None: n)
     monkeypatch.setattr(g.dist, "all_gather", fake_all_gather)
     p = torch.nn.Parameter(shards[1].clone())
