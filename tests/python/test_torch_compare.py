@@ -8,7 +8,11 @@ suite's defaults, m = 4, f = 1; seeds 1–3 were looked at while writing this, t
 below were not), and every injected bug must be caught. One spawn per TP size carries all
 scenarios. TPCHECK_TEST_LONG=1 adds 30 held-out seeds and TP 8.
 
-Bad input is tested in this process on a one-rank gloo group.
+The same spawn checks the split of the work: the truth is computed on rank 0 only
+(counted per rank), every rank gets the same report, a replica that differs on one rank is
+judged, and input that only some ranks see as bad raises on every rank without a hang.
+Bad input is also tested in this process on a one-rank gloo group, and the GEMM class from
+a cuBLASLt trace with a fake trace (no GPU here).
 """
 
 from __future__ import annotations
@@ -249,3 +253,137 @@ def test_megatron_partition_stride_reassembles_interleaved_shards(monkeypatch):
     spec = g.spec_of_parameter("w", p, {})
     assert (spec.dim, spec.stride, spec.source) == (0, 2, "Megatron attributes")
     assert torch.equal(g.gather(p, spec, None), full)
+
+
+def test_without_a_process_group_compare_tp_runs_alone(monkeypatch):
+    """torch.distributed not initialized: one process, no collectives, the same report."""
+    from tpcheck.torch import _judge_gather, compare as c
+    monkeypatch.setattr(c.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(_judge_gather.dist, "is_initialized", lambda: False)
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    assert report.passed and (report.rank, report.tp_size) == (0, 1) and report.raw
+    with pytest.raises(ValueError, match=r"group= was given but torch.distributed is not initialized"):
+        compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, group=object())
+
+
+# --- the GEMM class from a cuBLASLt trace (no GPU here: a fake trace) ---------------------
+
+def _call(compute="32F", a="f32", math_class=""):
+    """One call as tpcheck.trace's ledger writes it (the fields the class is read from)."""
+    return {"m": 8, "n": 4, "k": 16, "dtypes": [a, a, a], "math_class": math_class,
+            "cublaslt": {"compute_type": compute}}
+
+
+def test_class_of_a_traced_call():
+    from tpcheck.torch._judge_gemm import class_of_call
+    assert class_of_call(_call("32F_FAST_TF32")) == "tf32"
+    assert class_of_call(_call("32F")) == "fp32"
+    assert class_of_call(_call("32F_PEDANTIC")) == "fp32"
+    assert class_of_call(_call("32F", "bf16")) == "bf16"
+    assert class_of_call(_call("32F", "f16")) == "fp16"
+    assert class_of_call(_call("64F", "f64")) == "fp64"
+    assert class_of_call(_call("32F_FAST_16BF")) == "bf16"
+    assert class_of_call(_call("32F", "f8e4m3")) == "fp8"
+    # the capability query's answer (what ran) wins over what the compute type allows
+    assert class_of_call(_call("32F_FAST_TF32", math_class="fp32")) == "fp32"
+    assert class_of_call(_call("32I", "i8")) == ""
+
+
+def test_math_class_choice():
+    from tpcheck.torch._judge_gemm import choose_math
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert choose_math(None, None, {"fp32", "tf32"}, cpu) == ("tf32", "trace")
+    assert choose_math(None, None, {"fp32"}, cpu) == ("fp32", "trace")
+    assert choose_math(None, None, {"bf16", "tf32"}, cpu) == ("bf16", "trace")
+    assert choose_math("fp32", None, {"tf32"}, cpu) == ("fp32", "math argument")
+    assert choose_math("tf32", 1e-3, {"fp32"}, cpu) == (None, "unit_roundoff argument")
+    assert choose_math(None, None, None, cpu) == (None, "dtype")
+    # no trace: torch's TF32 flag decides on CUDA, as before (the flag object takes no
+    # monkeypatch: set and restored by hand)
+    flag = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert choose_math(None, None, None, cuda) == ("tf32", "torch.backends.cuda.matmul.allow_tf32")
+        assert choose_math(None, None, set(), cuda) == ("tf32", "torch.backends.cuda.matmul.allow_tf32")
+        assert choose_math(None, None, {"fp32"}, cuda) == ("fp32", "trace")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert choose_math(None, None, None, cuda) == (None, "dtype")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+
+
+class _FakeTrace:
+    """Stands in for tpcheck.trace: its ledger holds the calls given."""
+    calls: list = []
+    fail: Exception = None
+    opened = 0
+
+    def __init__(self, level=2, query=False, directory=None):
+        self.query = query
+
+    def __enter__(self):
+        if _FakeTrace.fail is not None:
+            raise _FakeTrace.fail
+        _FakeTrace.opened += 1
+        ledger = type("Ledger", (), {})()
+        ledger.calls = list(_FakeTrace.calls)
+        return ledger
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def fake_trace(monkeypatch):
+    import tpcheck
+    monkeypatch.setattr(tpcheck, "loaded_cublaslt", lambda: ["/fake/libcublasLt.so.13"])
+    monkeypatch.setattr(tpcheck, "trace", _FakeTrace)
+    _FakeTrace.calls, _FakeTrace.fail, _FakeTrace.opened = [], None, 0
+    return _FakeTrace
+
+
+@pytest.mark.parametrize("calls,math,u,source", [
+    ([_call("32F_FAST_TF32"), _call("32F")], "tf32", 2.0 ** -11, "trace"),
+    ([_call("32F")], "fp32", 2.0 ** -24, "trace"),
+], ids=["tf32-seen", "fp32-only"])
+def test_compare_tp_takes_u_from_the_traced_gemm_classes(one_rank_group, fake_trace, calls, math,
+                                                        u, source):
+    fake_trace.calls = calls
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    assert fake_trace.opened == 2  # the sharded run and the unsharded one
+    m = report.error_model
+    assert (m["math"], m["math_source"], m["gemm_classes"]) == (math, source, sorted({
+        "tf32" if c["cublaslt"]["compute_type"] == "32F_FAST_TF32" else "fp32" for c in calls}))
+    assert m["gemm_calls_traced"] == 2 * len(calls)
+    judged = [e for e in report.entries if e["kind"] != "parameter"]
+    assert judged and all(e["truth_model"]["unit_roundoff"] == u for e in judged)
+    # an explicit math wins over the trace
+    r2 = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True, math="fp32")
+    assert (r2.error_model["math"], r2.error_model["math_source"]) == ("fp32", "math argument")
+    assert all(e["truth_model"]["unit_roundoff"] == 2.0 ** -24
+               for e in r2.entries if e["kind"] != "parameter")
+
+
+def test_compare_tp_without_a_usable_trace_falls_back(one_rank_group, fake_trace):
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    # no GEMM recorded
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    m = report.error_model
+    assert (m["math"], m["math_source"], m["gemm_classes"]) == (None, "dtype", None)
+    assert m["gemm_trace_note"] == "the trace recorded no cublasLtMatmul"
+    # the trace cannot start (one already open): noted, the comparison goes on
+    fake_trace.fail = RuntimeError("tpcheck.trace() blocks cannot be nested")
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    assert report.passed and report.error_model["gemm_classes"] is None
+    assert "could not start: RuntimeError: tpcheck.trace() blocks cannot be nested" in \
+        report.error_model["gemm_trace_note"]
+    # on the CPU nothing is traced unless asked
+    fake_trace.fail, fake_trace.calls, fake_trace.opened = None, [_call("32F_FAST_TF32")], 0
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    assert fake_trace.opened == 0 and report.error_model["math"] is None
+    assert report.error_model["gemm_trace_note"].startswith("not traced")
