@@ -340,6 +340,7 @@ def fake_trace(monkeypatch):
     import tpcheck
     monkeypatch.setattr(tpcheck, "loaded_cublaslt", lambda: ["/fake/libcublasLt.so.13"])
     monkeypatch.setattr(tpcheck, "trace", _FakeTrace)
+    monkeypatch.delenv("CUBLASLT_LOG_LEVEL", raising=False)  # an outside trace would win
     _FakeTrace.calls, _FakeTrace.fail, _FakeTrace.opened = [], None, 0
     return _FakeTrace
 
@@ -382,6 +383,12 @@ def test_compare_tp_without_a_usable_trace_falls_back(one_rank_group, fake_trace
     assert report.passed and report.error_model["gemm_classes"] is None
     assert "could not start: RuntimeError: tpcheck.trace() blocks cannot be nested" in \
         report.error_model["gemm_trace_note"]
+    # a process traced from outside (CUBLASLT_LOG_LEVEL set): its logger is left alone
+    fake_trace.fail, fake_trace.opened = None, 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUBLASLT_LOG_LEVEL", "2")
+        report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    assert fake_trace.opened == 0 and "CUBLASLT_LOG_LEVEL is set" in report.error_model["gemm_trace_note"]
     # on the CPU nothing is traced unless asked
     fake_trace.fail, fake_trace.calls, fake_trace.opened = None, [_call("32F_FAST_TF32")], 0
     report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)

@@ -8,7 +8,8 @@ operand type ask for (COMPUTE_32F_FAST_TF32 → "tf32", COMPUTE_32F with f32 ope
 "fp32", bf16 operands → "bf16", ...). The coarsest class seen (largest unit roundoff)
 becomes the truth policy's `math`: a TF32 GEMM on float32 inputs gives u = 2^-11, an FP32
 one leaves the dtype's u. Without a trace (CPU tensors, no cuBLASLt loaded, a trace
-already open) or with no GEMM recorded, torch's allow_tf32 flag decides, as before.
+already open, CUBLASLT_LOG_LEVEL set by an outside trace) or with no GEMM recorded,
+torch's allow_tf32 flag decides, as before.
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ class GemmTrace:
         if not self.wanted:
             return self
         import tpcheck
+        if os.environ.get("CUBLASLT_LOG_LEVEL", "0").strip() not in ("", "0"):
+            # the process is traced from outside (tpcheck trace, tpcheck emulate --trace):
+            # taking cuBLASLt's one logger would cut those lines out of its log
+            self.why_not = ("CUBLASLT_LOG_LEVEL is set: the process is traced from outside; "
+                            "its logger is left alone")
+            return self
         try:
             if not tpcheck.loaded_cublaslt() and self.device.type == "cuda":
                 # torch loads cuBLAS(Lt) with its first matmul on the device
