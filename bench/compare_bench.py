@@ -15,6 +15,17 @@ figure is the bytes it must read (2 GiB, + 2 GiB with --truth) over its time.
     python bench/compare_bench.py --device cuda      # the GPU machine (PyTorch there)
 
 Each figure is the median of --repeat timed runs after one warm-up (CUDA: synchronized).
+
+With --compare-tp it times tpcheck.torch.compare_tp instead (issue 33: goal <= 5 s at TP 8
+on one H200): for each --tp size, `python -m tpcheck emulate -n N -- python
+examples/judge_megatron_mlp.py` on the column -> GELU -> row parallel MLP (default hidden
+4096, ffn 16384, 4096 tokens on CUDA, every rank on the one GPU; hidden 64, ffn 256, 64
+tokens on the CPU), --repeat calls per launch, each from a common start until every rank
+has its report. The first call of a launch includes one-time costs (probe factors, cuBLAS
+setup); the table shows it and the median of the others.
+
+    python bench/compare_bench.py --compare-tp --device cuda --repeat 3
+    python bench/compare_bench.py --compare-tp --device cpu --tp 2 4    # small, to try it
 """
 
 import argparse
@@ -52,13 +63,70 @@ def commit():
         return "?"
 
 
+def compare_tp_bench(args):
+    """compare_tp under `tpcheck emulate` at each TP size: one launch each, its calls timed
+    by examples/judge_megatron_mlp.py (the lines "compare_tp: X s" / "compare_tp call i: X s")."""
+    import re
+    import sys
+    cuda = args.device == "cuda"
+    hidden = args.hidden or (4096 if cuda else 64)
+    ffn = args.ffn or (16384 if cuda else 256)
+    tokens = args.tokens or (4096 if cuda else 64)
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "..", "examples", "judge_megatron_mlp.py")
+    env = dict(os.environ)
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the example takes the GPU when it sees one
+    rows = []
+    for n in args.tp:
+        cmd = [sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), "--", sys.executable, example,
+               "--hidden", str(hidden), "--ffn", str(ffn), "--tokens", str(tokens),
+               "--repeat", str(args.repeat)]
+        t0 = time.perf_counter()
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        launch_s = time.perf_counter() - t0
+        times = [float(x) for x in re.findall(r"compare_tp(?: call \d+)?: ([0-9.]+) s", run.stdout)]
+        model = re.search(r"error model: (.*)", run.stdout)
+        if run.returncode != 0 or not times:
+            raise SystemExit(f"TP {n}: the launch failed (exit {run.returncode}); expected the "
+                             f"example's 'compare_tp: X s' line. Output tail:\n"
+                             f"{(run.stdout + run.stderr)[-3000:]}")
+        if model:  # the part that says where u came from
+            import ast
+            m = ast.literal_eval(model.group(1))
+            model_text = (f"math {m.get('math')} from {m.get('math_source')}, "
+                          f"GEMM classes {m.get('gemm_classes')}")
+        else:
+            model_text = "?"
+        rows.append((n, times, launch_s, model_text))
+    dev = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    print(f"{when}, compare_tp under tpcheck emulate on {dev}, torch {torch.__version__}, "
+          f"commit {commit()}, load {os.getloadavg()[0]:.1f}; MLP hidden {hidden}, ffn {ffn}, "
+          f"{tokens} tokens, float32, {args.repeat} call(s) per launch")
+    print("| TP | first call | median of the later calls | whole launch | u (rank 0's error model) |")
+    print("|---|---|---|---|---|")
+    for n, times, launch_s, model in rows:
+        later = f"{statistics.median(times[1:]):.2f} s" if len(times) > 1 else "–"
+        print(f"| {n} | {times[0]:.2f} s | {later} | {launch_s:.1f} s | {model} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--gib", type=float, default=1.0, help="size of each f32 tensor")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--truth", action="store_true", help="also time the truth policy (f64 truth)")
+    ap.add_argument("--compare-tp", action="store_true",
+                    help="time tpcheck.torch.compare_tp under tpcheck emulate instead")
+    ap.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8], help="TP sizes (--compare-tp)")
+    ap.add_argument("--hidden", type=int, default=0, help="MLP hidden size (--compare-tp)")
+    ap.add_argument("--ffn", type=int, default=0, help="MLP ffn size (--compare-tp)")
+    ap.add_argument("--tokens", type=int, default=0, help="tokens (--compare-tp)")
     args = ap.parse_args()
+    if args.compare_tp:
+        compare_tp_bench(args)
+        return
 
     dev = args.device
     n = int(args.gib * (1 << 30)) // 4

@@ -86,6 +86,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bug", action="store_true", help="drop the row-parallel all-reduce")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="call compare_tp this many times and print each call's time "
+                         "(the first includes one-time costs: probe factors, cuBLAS setup)")
     a = ap.parse_args()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -95,15 +98,26 @@ def main() -> None:
     x = torch.randn(a.tokens, a.hidden, device=device)
     dy = torch.randn(a.tokens, a.hidden, device=device)
     AllReduceForward.drop = a.bug
-    start = time.perf_counter()
-    report = compare_tp(single, sharded, (x,), grad_output=dy)
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(max(1, a.repeat)):
+        # timed from a common start until every rank has its report (rank 0 does the
+        # unsharded run, the truth and the judging; the others wait for its verdicts)
+        dist.barrier()
+        start = time.perf_counter()
+        report = compare_tp(single, sharded, (x,), grad_output=dy)
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
     if dist.get_rank() == 0:
         for e in report.entries:
             (policy, v), = e["verdicts"].items()
             print(f"{e['kind']:18} {e['name']:12} {v['status']:5} {v['reason'][:110]}")
-        print(f"compare_tp: {seconds:.2f} s (single, sharded, the fp64 truth with its probe, "
-              f"gathering and judging)")
+        print(f"compare_tp: {times[0]:.2f} s (sharded on every rank; single, the fp64 truth "
+              f"with its probe and the judging on rank 0; gathering; TP {dist.get_world_size()})")
+        for i, t in enumerate(times[1:], start=2):
+            print(f"compare_tp call {i}: {t:.2f} s")
+        print(f"error model: {report.error_model}")
     ok = report.passed
     dist.destroy_process_group()
     raise SystemExit(0 if ok else 1)

@@ -8,13 +8,18 @@ suite's defaults, m = 4, f = 1; seeds 1–3 were looked at while writing this, t
 below were not), and every injected bug must be caught. One spawn per TP size carries all
 scenarios. TPCHECK_TEST_LONG=1 adds 30 held-out seeds and TP 8.
 
-Bad input is tested in this process on a one-rank gloo group.
+The same spawn checks the split of the work: the truth is computed on rank 0 only
+(counted per rank), every rank gets the same report, a replica that differs on one rank is
+judged, and input that only some ranks see as bad raises on every rank without a hang.
+Bad input is also tested in this process on a one-rank gloo group, and the GEMM class from
+a cuBLASLt trace with a fake trace (no GPU here).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 import sys
 
@@ -40,9 +45,24 @@ BUGS += [("dtensor", b) for b in ("dropped-allreduce", "rescale")]
 TP_SIZES = [2, 4, 8] if LONG else [2, 4]
 
 
+# input that only some ranks see as bad (the error each raises; "{r}": the rank that found it)
+BAD_INPUTS = {
+    "rank1-unknown-shards": r"shards names \['fc3.weight'\] match no parameter",
+    "rank1-other-input-values": r"input 'input' on rank 1 differs from rank 0's \(\d+ of 512 elements",
+    "rank1-other-input-shape": r"rank 1 was called with inputs \{'input': \[\[8, 2, 16\]",
+    "root-only-buffer-change": r"the unsharded module's buffer 'running_mean' changed in forward",
+}
+BAD_FOUND_ON = {"rank1-unknown-shards": 1, "rank1-other-input-values": 1,
+                "rank1-other-input-shape": None, "root-only-buffer-change": 0}
+AFTER_BAD_SEED = 199  # a correct run after the bad inputs: the group still works
+
+
 def _jobs() -> list[dict]:
     jobs = [dict(kind=k, bug="none", seed=s) for k in KINDS for s in HELD_OUT_SEEDS]
     jobs += [dict(kind=k, bug=b, seed=7) for k, b in BUGS]
+    jobs += [dict(kind="replica", bug="rank1-output-scaled", seed=7)]
+    jobs += [dict(kind="bad-input", bug=b, seed=0) for b in BAD_INPUTS]
+    jobs += [dict(kind="megatron", bug="none", seed=AFTER_BAD_SEED)]
     return jobs
 
 
@@ -64,13 +84,14 @@ def _by_job(ranks):
 
 def test_correct_code_passes_under_truth_on_held_out_seeds(tp_results):
     n, ranks = tp_results
-    results = _by_job(ranks)
+    results = {k: rs for k, rs in _by_job(ranks).items() if k[0] in KINDS}
     errors = [r for rs in results.values() for r in rs if "error" in r]
     assert not errors, errors[0].get("traceback", errors[0]["error"])
-    false_alarms = [(k, r["rank_failing"] if "rank_failing" in r else r["failing"], r["reasons"])
+    false_alarms = [(k, r["failing"], r["reasons"])
                     for k, rs in results.items() if k[1] == "none" for r in rs if not r["passed"]]
     assert not false_alarms, f"TP {n}: false alarms {false_alarms[:3]}"
-    runs = [k for k in results if k[1] == "none"]
+    assert ("megatron", "none", AFTER_BAD_SEED) in results  # ran (and passed) after bad input
+    runs = [k for k in results if k[1] == "none" and k[2] != AFTER_BAD_SEED]
     ac_fail = sum(any(r["assert_close_fails"] for r in results[k]) for k in runs)
     te_fail = sum(any(r["te_rule_fails"] for r in results[k]) for k in runs)
     print(f"\nTP {n}: {len(runs)} correct runs pass under truth; torch.testing.assert_close "
@@ -86,6 +107,56 @@ def test_injected_bug_is_caught(tp_results, kind, bug):
     rs = _by_job(ranks)[(kind, bug, 7)]
     assert all("error" not in r for r in rs), rs[0].get("traceback")
     assert all(not r["passed"] for r in rs), f"TP {n}: {kind} with {bug} passed on some rank"
+
+
+def test_truth_is_computed_on_rank_0_only_and_every_rank_gets_the_same_report(tp_results):
+    """The unsharded run, the truth and the judging happen once per group, on rank 0; the
+    verdicts reach every rank: the same report (but for its `rank`), the same assert_ok
+    reason, and the judged tensors (raw) only on rank 0."""
+    n, ranks = tp_results
+    jobs = [k for k in _by_job(ranks) if k[0] in KINDS or k[0] == "replica"]
+    assert len(jobs) == len(_jobs()) - len(BAD_INPUTS)
+    for key in jobs:
+        rs = _by_job(ranks)[key]
+        assert len(rs) == n and all("error" not in r for r in rs), rs[0].get("traceback")
+        calls = [r["truth_calls"] for r in rs]
+        assert calls == [1] + [0] * (n - 1), f"TP {n} {key}: truth computed per rank {calls}"
+        assert all(r["report"] == rs[0]["report"] for r in rs[1:]), f"TP {n} {key}: reports differ"
+        assert all(r["assert_ok"] == rs[0]["assert_ok"] for r in rs[1:])
+        assert (rs[0]["assert_ok"] is None) == rs[0]["passed"]
+        assert rs[0]["raw_names"] and all(r["raw_names"] == [] for r in rs[1:])
+
+
+def test_a_replica_that_differs_on_one_rank_is_judged_on_every_rank(tp_results):
+    """Rank 1's copy of the replicated output is 1 % off: rank 0's copy passes, and every
+    rank's report carries the failing entry "output (rank 1's copy)"."""
+    n, ranks = tp_results
+    rs = _by_job(ranks)[("replica", "rank1-output-scaled", 7)]
+    for r in rs:
+        entries = {e["name"]: e for e in r["report"]["tensors"]}
+        assert entries["output"]["verdicts"]["truth"]["passed"]
+        copy_entry = entries["output (rank 1's copy)"]
+        assert copy_entry["rank"] == 1 and copy_entry["copy_of"] == "output"
+        assert not copy_entry["verdicts"]["truth"]["passed"]
+        assert "output (rank 1's copy)" in r["failing"]
+        assert not any(name.endswith(f"(rank {q}'s copy)") for name in entries for q in range(2, n))
+
+
+@pytest.mark.parametrize("bug", list(BAD_INPUTS))
+def test_bad_input_on_some_ranks_raises_on_every_rank(tp_results, bug):
+    """Input bad on one rank only (or seen only where the unsharded module runs) raises the
+    same error on every rank, naming the rank that found it on the others; nobody waits in a
+    collective (the worker's group has a 2-minute timeout, and a later run still works)."""
+    n, ranks = tp_results
+    rs = _by_job(ranks)[("bad-input", bug, 0)]
+    assert len(rs) == n
+    for rank, r in enumerate(rs):
+        assert "error" in r, f"TP {n}: rank {rank} did not raise for {bug}: {r}"
+        assert r["error_type"] == "ValueError", r["error"]
+        assert re.search(BAD_INPUTS[bug], r["error"]), r["error"]
+        found = BAD_FOUND_ON[bug]
+        if found is not None and rank != found:
+            assert f"(found on rank {found} of {n})" in r["error"], r["error"]
 
 
 # --- bad input, one rank ----------------------------------------------------------------
@@ -174,6 +245,7 @@ def test_megatron_partition_stride_reassembles_interleaved_shards(monkeypatch):
     def fake_all_gather(out, t, group=None):
         for r in range(n):
             out[r].copy_(shards[r])
+    monkeypatch.setattr(g.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(g.dist, "get_world_size", lambda group=None: n)
     monkeypatch.setattr(g.dist, "all_gather", fake_all_gather)
     p = torch.nn.Parameter(shards[1].clone())
@@ -181,3 +253,144 @@ def test_megatron_partition_stride_reassembles_interleaved_shards(monkeypatch):
     spec = g.spec_of_parameter("w", p, {})
     assert (spec.dim, spec.stride, spec.source) == (0, 2, "Megatron attributes")
     assert torch.equal(g.gather(p, spec, None), full)
+
+
+def test_without_a_process_group_compare_tp_runs_alone(monkeypatch):
+    """torch.distributed not initialized: one process, no collectives, the same report."""
+    from tpcheck.torch import _judge_gather, compare as c
+    monkeypatch.setattr(c.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(_judge_gather.dist, "is_initialized", lambda: False)
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    assert report.passed and (report.rank, report.tp_size) == (0, 1) and report.raw
+    with pytest.raises(ValueError, match=r"group= was given but torch.distributed is not initialized"):
+        compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, group=object())
+
+
+# --- the GEMM class from a cuBLASLt trace (no GPU here: a fake trace) ---------------------
+
+def _call(compute="32F", a="f32", math_class=""):
+    """One call as tpcheck.trace's ledger writes it (the fields the class is read from)."""
+    return {"m": 8, "n": 4, "k": 16, "dtypes": [a, a, a], "math_class": math_class,
+            "cublaslt": {"compute_type": compute}}
+
+
+def test_class_of_a_traced_call():
+    from tpcheck.torch._judge_gemm import class_of_call
+    assert class_of_call(_call("32F_FAST_TF32")) == "tf32"
+    assert class_of_call(_call("32F")) == "fp32"
+    assert class_of_call(_call("32F_PEDANTIC")) == "fp32"
+    assert class_of_call(_call("32F", "bf16")) == "bf16"
+    assert class_of_call(_call("32F", "f16")) == "fp16"
+    assert class_of_call(_call("64F", "f64")) == "fp64"
+    assert class_of_call(_call("32F_FAST_16BF")) == "bf16"
+    assert class_of_call(_call("32F", "f8e4m3")) == "fp8"
+    # the capability query's answer (what ran) wins over what the compute type allows
+    assert class_of_call(_call("32F_FAST_TF32", math_class="fp32")) == "fp32"
+    assert class_of_call(_call("32I", "i8")) == ""
+
+
+def test_math_class_choice():
+    from tpcheck.torch._judge_gemm import choose_math
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert choose_math(None, None, {"fp32", "tf32"}, cpu) == ("tf32", "trace")
+    assert choose_math(None, None, {"fp32"}, cpu) == ("fp32", "trace")
+    assert choose_math(None, None, {"bf16", "tf32"}, cpu) == ("bf16", "trace")
+    assert choose_math("fp32", None, {"tf32"}, cpu) == ("fp32", "math argument")
+    assert choose_math("tf32", 1e-3, {"fp32"}, cpu) == (None, "unit_roundoff argument")
+    assert choose_math(None, None, None, cpu) == (None, "dtype")
+    # no trace: torch's TF32 flag decides on CUDA, as before (the flag object takes no
+    # monkeypatch: set and restored by hand)
+    flag = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert choose_math(None, None, None, cuda) == ("tf32", "torch.backends.cuda.matmul.allow_tf32")
+        assert choose_math(None, None, set(), cuda) == ("tf32", "torch.backends.cuda.matmul.allow_tf32")
+        assert choose_math(None, None, {"fp32"}, cuda) == ("fp32", "trace")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert choose_math(None, None, None, cuda) == (None, "dtype")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+
+
+class _FakeTrace:
+    """Stands in for tpcheck.trace: its ledger holds the calls given."""
+    calls: list = []
+    fail: Exception = None
+    opened = 0
+
+    def __init__(self, level=2, query=False, directory=None):
+        self.query = query
+
+    def __enter__(self):
+        if _FakeTrace.fail is not None:
+            raise _FakeTrace.fail
+        _FakeTrace.opened += 1
+        ledger = type("Ledger", (), {})()
+        ledger.calls = list(_FakeTrace.calls)
+        return ledger
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def fake_trace(monkeypatch):
+    import tpcheck
+    monkeypatch.setattr(tpcheck, "loaded_cublaslt", lambda: ["/fake/libcublasLt.so.13"])
+    monkeypatch.setattr(tpcheck, "trace", _FakeTrace)
+    monkeypatch.delenv("CUBLASLT_LOG_LEVEL", raising=False)  # an outside trace would win
+    _FakeTrace.calls, _FakeTrace.fail, _FakeTrace.opened = [], None, 0
+    return _FakeTrace
+
+
+@pytest.mark.parametrize("calls,math,u,source", [
+    ([_call("32F_FAST_TF32"), _call("32F")], "tf32", 2.0 ** -11, "trace"),
+    ([_call("32F")], "fp32", 2.0 ** -24, "trace"),
+], ids=["tf32-seen", "fp32-only"])
+def test_compare_tp_takes_u_from_the_traced_gemm_classes(one_rank_group, fake_trace, calls, math,
+                                                        u, source):
+    fake_trace.calls = calls
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    assert fake_trace.opened == 2  # the sharded run and the unsharded one
+    m = report.error_model
+    assert (m["math"], m["math_source"], m["gemm_classes"]) == (math, source, sorted({
+        "tf32" if c["cublaslt"]["compute_type"] == "32F_FAST_TF32" else "fp32" for c in calls}))
+    assert m["gemm_calls_traced"] == 2 * len(calls)
+    judged = [e for e in report.entries if e["kind"] != "parameter"]
+    assert judged and all(e["truth_model"]["unit_roundoff"] == u for e in judged)
+    # an explicit math wins over the trace
+    r2 = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True, math="fp32")
+    assert (r2.error_model["math"], r2.error_model["math_source"]) == ("fp32", "math argument")
+    assert all(e["truth_model"]["unit_roundoff"] == 2.0 ** -24
+               for e in r2.entries if e["kind"] != "parameter")
+
+
+def test_compare_tp_without_a_usable_trace_falls_back(one_rank_group, fake_trace):
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    # no GEMM recorded
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    m = report.error_model
+    assert (m["math"], m["math_source"], m["gemm_classes"]) == (None, "dtype", None)
+    assert m["gemm_trace_note"] == "the trace recorded no cublasLtMatmul"
+    # the trace cannot start (one already open): noted, the comparison goes on
+    fake_trace.fail = RuntimeError("tpcheck.trace() blocks cannot be nested")
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    assert report.passed and report.error_model["gemm_classes"] is None
+    assert "could not start: RuntimeError: tpcheck.trace() blocks cannot be nested" in \
+        report.error_model["gemm_trace_note"]
+    # a process traced from outside (CUBLASLT_LOG_LEVEL set): its logger is left alone
+    fake_trace.fail, fake_trace.opened = None, 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUBLASLT_LOG_LEVEL", "2")
+        report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, trace_gemms=True)
+    assert fake_trace.opened == 0 and "CUBLASLT_LOG_LEVEL is set" in report.error_model["gemm_trace_note"]
+    # on the CPU nothing is traced unless asked
+    fake_trace.fail, fake_trace.calls, fake_trace.opened = None, [_call("32F_FAST_TF32")], 0
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    assert fake_trace.opened == 0 and report.error_model["math"] is None
+    assert report.error_model["gemm_trace_note"].startswith("not traced")

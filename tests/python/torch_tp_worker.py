@@ -1,13 +1,17 @@
 """The rank side of the compare_tp tests: one spawned process per rank over gloo runs a
 list of scenarios (layer × injected bug × seed) and writes, per scenario, whether
-compare_tp passed (and which tensors failed) and whether torch.testing.assert_close with
-its defaults passed the same sharded-vs-unsharded tensors. One spawn carries many
-scenarios: starting a torch process costs seconds, a scenario milliseconds.
+compare_tp passed (and which tensors failed), whether torch.testing.assert_close with
+its defaults passed the same sharded-vs-unsharded tensors (on rank 0, the one holding
+them), how many times this rank computed the fp64 truth, and the rank's report. One
+spawn carries many scenarios: starting a torch process costs seconds, a scenario
+milliseconds. The "bad-input" scenarios come last: each makes compare_tp raise (on every
+rank, the test checks), and the group must still work afterwards.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import sys
@@ -15,6 +19,20 @@ import traceback
 
 import torch
 import torch.distributed as dist
+
+TRUTH_CALLS = 0  # how many times compare_tp computed the truth in this rank's process
+
+
+def _count_truth_calls() -> None:
+    """Wraps compare_tp's truth function with a counter (once per process)."""
+    import tpcheck.torch.compare as c
+    real = c.torch_truth
+
+    def counted(*args, **kwargs):
+        global TRUTH_CALLS
+        TRUTH_CALLS += 1
+        return real(*args, **kwargs)
+    c.torch_truth = counted
 
 
 def _te_rule_fails(report_tensors: dict) -> bool:
@@ -75,17 +93,50 @@ def _inject_dtensor_bug(bug: str):
     return lambda: [u() for u in undo]
 
 
+def bad_input(bug: str, tp: int) -> None:
+    """compare_tp called with input that only some ranks see as bad; it must raise (the
+    caller records the error of every rank)."""
+    import torch_tp_layers as L
+    from tpcheck.torch.compare import compare_tp
+    torch.manual_seed(5)
+    rank = dist.get_rank()
+    single = L.MLP(16, 32)
+    sharded = L.TPMLP(single)
+    x, dy = torch.randn(8, 4, 16), torch.randn(8, 4, 16)
+    kwargs: dict = {}
+    if bug == "rank1-unknown-shards" and rank == 1:
+        kwargs["shards"] = {"fc3.weight": 0}
+    if bug == "rank1-other-input-values" and rank == 1:
+        x = x + 1
+    if bug == "rank1-other-input-shape" and rank == 1:
+        x = torch.randn(8, 2, 16)
+    if bug == "root-only-buffer-change":
+        # only rank 0 runs the unsharded module: its BatchNorm (training mode) updates its
+        # running statistics there; the sharded twin is in eval()
+        single = torch.nn.BatchNorm1d(16)
+        sharded = copy.deepcopy(single).eval()
+        x, dy = torch.randn(8, 16), torch.randn(8, 16)
+    compare_tp(single, sharded, (x,), grad_output=dy, **kwargs)
+
+
 def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> dict:
     import torch_tp_layers as L
     from tpcheck.torch.compare import compare_tp
+    if kind == "bad-input":
+        bad_input(bug, tp)
+        return {"kind": kind, "bug": bug, "seed": seed, "tp": tp, "raised": False}
     hidden, ffn, seq, batch = 64, 256, 64, 4
+    truth_calls_before = TRUTH_CALLS
     torch.manual_seed(seed)
     L.BUG = bug if kind.startswith("megatron") else "none"
     undo = lambda: None
-    if kind.startswith("megatron"):
+    if kind.startswith("megatron") or kind == "replica":
         sp = kind == "megatron-sp"
         single = L.MLP(hidden, ffn)
         sharded = L.TPMLP(single, sequence_parallel=sp)
+        if kind == "replica" and dist.get_rank() == 1:
+            # rank 1's copy of the replicated output is off by 1 %; rank 0's is right
+            sharded.register_forward_hook(lambda mod, inp, out: out * 1.01)
         x = torch.randn(seq, batch, hidden)
         dy = torch.randn(seq, batch, hidden)
         dims = {"input": 0} if sp else {}
@@ -113,20 +164,33 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
         L.BUG = "none"
     pairs = {}
     # assert_close with defaults on the same tensors: rebuild them from the report's runs
+    # (report.raw: filled on rank 0, which judged; empty on the others)
     for e in report.entries:
-        if e["kind"] != "parameter":
+        if e["kind"] != "parameter" and e["name"] in report.raw:
             pairs[e["name"]] = report.raw[e["name"]]
+    shared = report.to_dict()
+    shared.pop("rank")  # the caller's rank: the one field that differs between ranks
+    try:
+        report.assert_ok()
+        assert_ok = None
+    except AssertionError as e:
+        assert_ok = str(e).split(": ", 1)[1]  # the reason, without "compare_tp, rank r of N"
     return {"kind": kind, "bug": bug, "seed": seed, "tp": tp, "passed": report.passed,
             "failing": [e["name"] for e in report.failures],
             "reasons": [list(e["verdicts"].values())[0]["reason"] for e in report.failures][:3],
-            "assert_close_fails": _assert_close_fails(pairs), "te_rule_fails": _te_rule_fails(pairs)}
+            "assert_close_fails": _assert_close_fails(pairs), "te_rule_fails": _te_rule_fails(pairs),
+            "truth_calls": TRUTH_CALLS - truth_calls_before, "report": shared,
+            "assert_ok": assert_ok, "raw_names": sorted(report.raw)}
 
 
 def rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a rank left waiting in a collective fails the test in two minutes instead of hanging
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    _count_truth_calls()
     results = []
     try:
         for job in jobs:
@@ -134,6 +198,7 @@ def rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> Non
                 results.append(scenario(**job, tp=world))
             except Exception as e:  # a scenario's error is its result, the others still run
                 results.append({**job, "tp": world, "error": f"{type(e).__name__}: {e}",
+                                "error_type": type(e).__name__,
                                 "traceback": traceback.format_exc()})
     finally:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

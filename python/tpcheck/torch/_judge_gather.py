@@ -53,10 +53,23 @@ def spec_of_parameter(name: str, p: torch.Tensor, shards: dict) -> ShardSpec:
     return ShardSpec(None)
 
 
+def group_size(group) -> int:
+    """The group's size; 1 when torch.distributed is not initialized (compare_tp in a
+    single process: every tensor is whole)."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def group_rank(group) -> int:
+    """This process's rank in the group; 0 when torch.distributed is not initialized."""
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
 def all_gather_dim(t: torch.Tensor, dim: int, group, stride: int = 1) -> torch.Tensor:
     """The full tensor from every rank's piece along `dim` (no autograd)."""
-    n = dist.get_world_size(group)
+    n = group_size(group)
     t = t.detach().contiguous()
+    if n == 1:  # one rank holds the whole tensor (any stride's pieces are in order)
+        return t
     pieces = [torch.empty_like(t) for _ in range(n)]
     dist.all_gather(pieces, t, group=group)
     if stride == 1:
@@ -81,7 +94,9 @@ def local_chunk(t: torch.Tensor, dim: Optional[int], group) -> torch.Tensor:
     """This rank's piece of a global tensor along `dim` (the whole tensor for None)."""
     if dim is None:
         return t
-    n, r = dist.get_world_size(group), dist.get_rank(group)
+    n, r = group_size(group), group_rank(group)
+    if n == 1:
+        return t
     if t.shape[dim] % n:
         raise ValueError(f"compare_tp: a tensor of shape {tuple(t.shape)} does not split into "
                          f"{n} equal pieces along dim {dim}")

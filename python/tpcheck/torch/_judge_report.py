@@ -1,6 +1,11 @@
 """TPReport: compare_tp's verdicts, one entry per tensor in the suite's JSON style
 ({"name", "kind", "statistics", "verdicts": {policy: {passed, status, reason}},
-"truth_model"}), plus the rank and error model they were judged under."""
+"truth_model"}), plus the rank and error model they were judged under.
+
+compare_tp judges on the group's rank 0 and sends the judged part (`shared()`) to every
+rank, which rebuilds its report with `from_shared` under its own rank number: every rank
+holds the same entries, verdicts and error model. `raw` (the judged tensors) stays on
+rank 0."""
 
 from __future__ import annotations
 
@@ -34,9 +39,22 @@ class TPReport:
         self.entries: list[dict[str, Any]] = []
         self.raw: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name → (single, sharded)
 
+    def shared(self) -> dict[str, Any]:
+        """What every rank's report holds (plain Python: sent with an object collective)."""
+        return {"policy": self.policy, "tp_size": self.tp_size, "error_model": self.error_model,
+                "entries": self.entries}
+
+    @classmethod
+    def from_shared(cls, shared: dict[str, Any], rank: int) -> "TPReport":
+        """Rank `rank`'s report from the judging rank's `shared()` (raw stays empty)."""
+        report = cls(shared["policy"], rank, shared["tp_size"], shared["error_model"])
+        report.entries = shared["entries"]
+        return report
+
     def add_parameter_check(self, name: str, single: torch.Tensor, gathered: torch.Tensor,
-                            source: str) -> None:
-        """The gathered sharded parameter must be single's, bit for bit."""
+                            source: str, extra: Optional[dict] = None) -> None:
+        """The gathered sharded parameter must be single's, bit for bit. extra: more keys
+        for the entry (the rank whose replicated copy this is)."""
         same = torch.equal(single, gathered.to(single.dtype)) and single.dtype == gathered.dtype
         if same:
             reason = "the gathered shards equal the unsharded parameter bit for bit"
@@ -50,10 +68,11 @@ class TPReport:
         self.entries.append({"name": name, "kind": "parameter", "statistics": {},
                              "verdicts": {"bitwise": {"passed": same,
                                                       "status": "pass" if same else "fail",
-                                                      "reason": reason}}})
+                                                      "reason": reason}}, **(extra or {})})
 
     def judge(self, name: str, kind: str, single: torch.Tensor, sharded: torch.Tensor,
-              truth: Optional[torch.Tensor], noise: Optional[torch.Tensor], **model: Any) -> None:
+              truth: Optional[torch.Tensor], noise: Optional[torch.Tensor],
+              extra: Optional[dict] = None, **model: Any) -> None:
         import tpcheck
         self.raw[name] = (single.detach(), sharded.detach())
         policy = self.policy
@@ -74,7 +93,8 @@ class TPReport:
         self.entries.append({"name": name, "kind": kind, "statistics": stats,
                              "verdicts": {policy: {"passed": v.passed, "status": v.status,
                                                    "reason": v.reason}},
-                             "truth_model": v.error_model if policy == "truth" else None})
+                             "truth_model": v.error_model if policy == "truth" else None,
+                             **(extra or {})})
 
     @property
     def failures(self) -> list[dict[str, Any]]:
