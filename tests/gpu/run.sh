@@ -304,8 +304,8 @@ fi
 
 # Not in the default stages: `tpcheck emulate` with CUDA tensors,
 # TP 2/4/8 ranks on this one GPU through CUDA IPC: every collective against its reference
-# (the same worker as CI's, --cuda), the example on the GPU, and bench/emulate_bench.py
-# --quick. Needs the packed Python package (pack_python.sh) and torch in python3.
+# (the same worker as CI's, --cuda), the examples on the GPU, and the benchmarks of
+# bench/emulate_bench.py and compare_bench.py --compare-tp at TP 8. Needs the packed Python package (pack_python.sh) and torch in python3.
 if has emulate; then
   if [ -d "$root/.devrun/python/tpcheck" ]; then
     export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -327,8 +327,15 @@ if has emulate; then
     done
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
       python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
-    timed "emulate: bench --quick" emulate_bench.log python3 "$root/bench/emulate_bench.py" --quick
-    cat "$out/emulate_example.log" "$out/emulate_bench.log" >>"$out/failures.txt"
+    timed "emulate: TF32 investigation example, TP 4" emulate_tf32.log \
+      python3 -m tpcheck emulate -n 4 -- "$root/examples/tf32_investigation.py"
+    # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:
+    # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
+    timed "emulate: bench, TP 8" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8
+    timed "compare_tp: bench, TP 2 and 8" compare_bench.log \
+      python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3
+    cat "$out/emulate_example.log" "$out/emulate_tf32.log" "$out/emulate_bench.log" \
+      "$out/compare_bench.log" >>"$out/failures.txt"
   else
     row "emulate" "not packed: run tests/gpu/pack_python.sh here first" ""
   fi
