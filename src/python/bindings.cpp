@@ -9,6 +9,8 @@
 //   run_options()       the run options' table, for tpcheck.run's signature
 //   main(argv)          the whole CLI (`python -m tpcheck ...`), its exit code
 //   make_nccl_id(), set_process_nccl_id(bytes)   the NCCL id through torchrun's store
+//   ipc_alloc/ipc_open/ipc_close/ipc_free, cuda_bytes   CUDA IPC buffers of `tpcheck
+//                       emulate`'s CUDA exchange (cuda_ipc.cpp)
 //   trace_ledger(logs, pid, query), trace_summary(ledger), trace_diff(a, b)
 //                       tpcheck.trace(): cuBLASLt logs → a ledger (tpcheck.trace/1), its
 //                       summary and the difference of two, through the forensics parser
@@ -389,6 +391,7 @@ NB_MODULE(_tpcheck, m) {
         "failed, reports).");
   m.def("main", &main, "argv"_a, "The tpcheck command line; returns its exit code.");
   void tpcheck_register_ring(nb::module_&); tpcheck_register_ring(m);  // ring.cpp (issue 32)
+  void tpcheck_register_cuda_ipc(nb::module_&); tpcheck_register_cuda_ipc(m);  // cuda_ipc.cpp
   m.def("make_nccl_id", &make_nccl_id_bytes, "A fresh NCCL unique id (128 bytes).");
   m.def("set_process_nccl_id", &set_process_nccl_id_bytes, "id"_a,
         "The NCCL id this process's launch shares (torchrun's store).");

@@ -187,3 +187,37 @@ def test_ring_fold_cuda_checks_its_arguments():
         _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f32", 0, 2, 4, 0, 0)
     with pytest.raises(TypeError, match="dtype f8e4m3"):
         _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f8e4m3", 0, 0, 4, 0, 0)
+
+
+def test_ipc_buffers_check_their_arguments():
+    """The CUDA exchange's own IPC buffers (cuda_ipc.cpp): bad arguments are refused before
+    any CUDA call, naming the value."""
+    if not _tpcheck.built_with_cuda():
+        for call in (lambda: _tpcheck.ipc_open(bytes(64), 0), lambda: _tpcheck.ipc_close(1, 0),
+                     lambda: _tpcheck.ipc_free(1, 0), lambda: _tpcheck.cuda_bytes(1, 8, 0)):
+            with pytest.raises(RuntimeError, match="without CUDA"):
+                call()
+        return
+    with pytest.raises(ValueError, match="nbytes 0 on GPU 0"):
+        _tpcheck.ipc_alloc(0, 0)
+    with pytest.raises(ValueError, match="device -1"):
+        _tpcheck.ipc_alloc(16, -1)
+    with pytest.raises(ValueError, match="a handle of 3 bytes for GPU 0"):
+        _tpcheck.ipc_open(b"abc", 0)
+    with pytest.raises(ValueError, match="address 0"):
+        _tpcheck.ipc_close(0, 0)
+    with pytest.raises(ValueError, match="address 0"):
+        _tpcheck.ipc_free(0, 0)
+    with pytest.raises(ValueError, match="nbytes -1"):
+        _tpcheck.cuda_bytes(1, -1, 0)
+
+
+def test_ipc_alloc_without_a_gpu_names_the_device():
+    """No GPU visible: the CUDA error comes back as an exception naming the call and the GPU
+    (the CUDA exchange turns it into EmulateError)."""
+    if not _tpcheck.built_with_cuda():
+        pytest.skip("built without CUDA (test_ipc_buffers_check_their_arguments covers it)")
+    if torch.cuda.is_available() or _tpcheck.cuda_devices() > 0:
+        pytest.skip("a GPU is visible: ipc_alloc would succeed")
+    with pytest.raises(RuntimeError, match=r"ipc_alloc: cuda\w+ failed on GPU 3: "):
+        _tpcheck.ipc_alloc(1 << 20, 3)

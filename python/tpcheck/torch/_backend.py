@@ -351,10 +351,9 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         raise EmulateError(f"tensors on {dev} are not supported (cpu or cuda)")
 
     def _release_cuda(self):
-        """At exit: every rank unmaps the others' staging buffers, then waits (at most 10 s)
-        until all have. A buffer still mapped by a peer when its owner frees it is kept
-        alive by PyTorch's IPC reference count, and its owner's exit then warns "Producer
-        process has been terminated before all shared CUDA tensors released"."""
+        """At exit: every rank unmaps the others' staging buffers, waits (at most 10 s)
+        until all have, then frees its own (_cuda_ipc.py): freeing memory a peer still
+        has mapped, or may still be reading, is not safe."""
         try:
             self._cuda.release_peers()
             self._store.set(f"tpcheck/exit/{self._rank}", "1")
@@ -364,6 +363,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                 self._wait(keys, "exit (releasing the CUDA staging buffers)")
             finally:
                 self._timeout = saved
+            self._cuda.free_own()
         except Exception:  # noqa: BLE001 - a peer that died or a store that is gone: exit anyway
             pass
 

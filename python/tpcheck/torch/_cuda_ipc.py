@@ -18,6 +18,18 @@ Why the events are never re-recorded too early: rank A re-records done[b] only a
 reading collective s + 2, which needs B's record of s + 2, which B publishes after its
 stream already waited on A's done[b] of collective s.
 
+The staging buffers are tpcheck's own CUDA IPC allocations (_tpcheck.ipc_alloc: cudaMalloc
+and cudaIpcGetMemHandle; cuda_ipc.cpp), viewed as torch uint8 tensors that do not own them
+(_tpcheck.cuda_bytes). A record's "share" is [device, IPC handle (base64), bytes]; a peer
+maps it once (_tpcheck.ipc_open, cached by handle). Not torch's storage sharing
+(_share_cuda_ / _new_shared_cuda): that puts a cross-process reference count on each shared
+storage, which N - 1 readers of a buffer that lives as long as the process never bring back
+to zero, and torch then warns at every exit ("Producer process has been terminated before
+all shared CUDA tensors released"). Lifetimes here are explicit: a buffer that grows keeps
+its old allocation until exit; at exit every rank unmaps its peers' buffers
+(release_peers), all ranks meet at the exit barrier (_backend.py), then each frees its own
+(free_own). The events stay torch's interprocess events (no reference counts on those).
+
 Reductions (sum and average of float dtypes) run the C++ device group's kernel
 (_tpcheck.ring_fold_cuda; comm/cuda/device_collectives.cu): the same per-element fold —
 start rank, ring order, every step rounded to the dtype — as NCCL's Ring/Simple and as the
@@ -56,8 +68,11 @@ class CudaExchange:
 
         self._g = group
         self._dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
-        self._bufs: list[torch.Tensor | None] = [None, None]
+        self._bufs: list[torch.Tensor | None] = [None, None]  # views of the allocations
+        self._allocs: list[int | None] = [None, None]  # their addresses (ipc_alloc)
         self._shares: list[list | None] = [None, None]
+        # Allocations a grown buffer replaced: freed at exit only (_buffer says why).
+        self._superseded: list[int] = []
         try:
             self._ready = [torch.cuda.Event(interprocess=True) for _ in range(2)]
             self._reduced = [torch.cuda.Event(interprocess=True) for _ in range(2)]
@@ -65,7 +80,8 @@ class CudaExchange:
         except RuntimeError as e:
             raise EmulateError(f"CUDA tensors need interprocess events (CUDA IPC), which this "
                                f"GPU/driver refuses: {e}") from e
-        self._peer_bufs: dict[str, torch.Tensor] = {}
+        self._peer_bufs: dict[str, torch.Tensor] = {}  # IPC handle (base64) -> view
+        self._peer_maps: dict[str, tuple[int, int]] = {}  # handle -> (address, device)
         self._peer_events: dict[str, torch.cuda.Event] = {}
         self._waited: set[tuple[int, str]] = set()
         self._seq = -1
@@ -78,15 +94,25 @@ class CudaExchange:
         cur = self._bufs[which]
         if cur is None or cur.numel() < need:
             size = max(1 << 20, 1 << (max(need, 1) - 1).bit_length())
-            cur = torch.empty(size, dtype=torch.uint8, device=self._dev)
+            dev = self._dev.index
             try:
-                # Shared once per buffer: _share_cuda_ makes a ref counter and an event.
-                sh = cur.untyped_storage()._share_cuda_()
+                addr, handle = _tpcheck.ipc_alloc(size, dev)
             except RuntimeError as e:
-                raise EmulateError(f"CUDA IPC is not available for {self._dev} (ranks that "
-                                   f"share a GPU exchange CUDA tensors through it): {e}") from e
-            self._shares[which] = [int(sh[0]), _b64(sh[1]), int(sh[2]), int(sh[3]),
-                                   _b64(sh[4]), int(sh[5]), _b64(sh[6] or b""), bool(sh[7])]
+                if "cudaIpcGetMemHandle" in str(e):
+                    raise EmulateError(f"CUDA IPC is not available for {self._dev} (ranks that "
+                                       f"share a GPU exchange CUDA tensors through it): {e}") from e
+                raise EmulateError(f"cannot allocate a CUDA staging buffer of {size} bytes on "
+                                   f"{self._dev} for the collective's tensors: {e}") from e
+            # The allocation this replaces is not freed now: peers keep it mapped (cached by
+            # handle) until exit and may still have reads of an earlier collective from it
+            # queued on their own streams, which nothing here waits for (the done events
+            # order this process's stream only). Sizes double, so the kept ones together
+            # are smaller than the new one.
+            if self._allocs[which] is not None:
+                self._superseded.append(self._allocs[which])
+            self._allocs[which] = addr
+            cur = _tpcheck.cuda_bytes(addr, size, dev)
+            self._shares[which] = [dev, _b64(handle), size]
             self._bufs[which] = cur
         return cur
 
@@ -168,14 +194,19 @@ class CudaExchange:
         return v
 
     def _peer_buffer(self, share: list) -> torch.Tensor:
-        key = f"{share[1]}:{share[3]}"
-        t = self._peer_bufs.get(key)
-        if t is None:
-            dev, h, size, off, rh, roff, eh, sync = share
-            st = torch.UntypedStorage._new_shared_cuda(dev, _unb64(h), size, off, _unb64(rh), roff,
-                                                       _unb64(eh) if eh else None, sync)
-            t = torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", dev)).set_(st)
-            self._peer_bufs[key] = t
+        dev, h, size = share
+        t = self._peer_bufs.get(h)
+        if t is None:  # mapped on the peer's GPU, once per allocation (a handle opens once)
+            from ._backend import EmulateError
+
+            try:
+                addr = _tpcheck.ipc_open(_unb64(h), dev)
+            except RuntimeError as e:
+                raise EmulateError(f"cannot map a peer rank's CUDA staging buffer ({size} bytes "
+                                   f"on cuda:{dev}) through CUDA IPC: {e}") from e
+            self._peer_maps[h] = (addr, dev)
+            t = _tpcheck.cuda_bytes(addr, size, dev)
+            self._peer_bufs[h] = t
         return t
 
     def note_peers(self, recs: list[dict], me: int) -> None:
@@ -184,9 +215,37 @@ class CudaExchange:
                 self._peer_done[r] = (rec["loc"]["share"][0], rec["loc"]["done"])
 
     def release_peers(self) -> None:
-        """Unmaps every peer buffer once the GPU is done with them (at exit)."""
-        torch.cuda.synchronize(self._dev)
-        self._peer_bufs.clear()
+        """At exit, before the exit barrier: waits for this process's GPU work (on its own
+        GPU and on the peers' GPUs it read from), then unmaps every peer buffer. Every
+        mapping is tried; the first failure is raised after the others are closed."""
+        for d in {self._dev.index, *(d for _, d in self._peer_maps.values())}:
+            torch.cuda.synchronize(d)
+        self._peer_bufs.clear()  # no view may outlive its mapping
+        maps, self._peer_maps = self._peer_maps, {}
+        first = None
+        for addr, dev in maps.values():
+            try:
+                _tpcheck.ipc_close(addr, dev)
+            except RuntimeError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    def free_own(self) -> None:
+        """At exit, after the exit barrier (every peer has unmapped this rank's buffers):
+        frees this rank's staging buffers, the current and the superseded ones."""
+        self._bufs = [None, None]
+        self._shares = [None, None]
+        addrs = [a for a in self._allocs if a is not None] + self._superseded
+        self._allocs, self._superseded = [None, None], []
+        first = None
+        for addr in addrs:
+            try:
+                _tpcheck.ipc_free(addr, self._dev.index)
+            except RuntimeError as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def finish(self) -> None:
         if self._seq >= 0:
