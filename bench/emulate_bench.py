@@ -133,8 +133,12 @@ def worker(argv):
 
 
 # ---- driver ------------------------------------------------------------------------------------
+MPS = []  # ["--mps"] with --mps: every launch's ranks are clients of an MPS server
+
+
 def launch(n, args, env=None):
-    cmd = [sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), "--", sys.executable, HERE, *args]
+    cmd = [sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), *MPS, "--", sys.executable,
+           HERE, *args]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -148,14 +152,33 @@ def driver(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--quick", action="store_true", help="small MLP, 3 iterations (a smoke test)")
+    p.add_argument("--mps", action="store_true",
+                   help="launch with `tpcheck emulate --mps` (ranks share the GPU through MPS)")
+    p.add_argument("--parts", nargs="+", default=["mlp", "coll", "launch"],
+                   choices=["mlp", "coll", "launch"], help="what to measure (default: all)")
     a = p.parse_args(argv)
+    if a.mps:
+        MPS.append("--mps")
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(HERE)).stdout.strip()
+    # TPCHECK_COMMIT: the commit when the tree is a copy without its history (the GPU machine).
+    commit = os.environ.get("TPCHECK_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(HERE)).stdout.strip()
     size = ["--hidden", "512", "--ffn", "2048", "--tokens", "512", "--iters", "3"] if a.quick else []
-    print(f"## tpcheck emulate ({datetime.datetime.utcnow():%Y-%m-%dT%H:%MZ}, {gpu}, commit {commit})\n")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    print(f"## tpcheck emulate{' --mps' if a.mps else ''} ({now:%Y-%m-%dT%H:%MZ}, {gpu}, "
+          f"commit {commit})\n")
+    if "mlp" in a.parts:
+        mlp(a, size)
+    if "coll" in a.parts:
+        collectives(a)
+    if "launch" in a.parts:
+        launch_overhead()
+
+
+def mlp(a, size):
     base, _ = launch(1, ["--worker", "mlp", *size])
     print("| MLP step (bf16 fwd+bwd) | TP | tpcheck ms | x TP 1 | gloo ms | gloo x TP 1 |")
     print("|---|---|---|---|---|---|")
@@ -168,6 +191,9 @@ def driver(argv):
             print(f"| {'SP' if sp else 'TP'} | {n} | {ours['step_ms']:.2f} | "
                   f"{ours['step_ms'] / base['step_ms']:.2f} | {gloo['step_ms']:.2f} | "
                   f"{gloo['step_ms'] / base['step_ms']:.2f} |")
+
+
+def collectives(a):
     print("\n| collective, 64 MiB bf16 per rank | TP | ms | ideal ms | fraction of ideal |")
     print("|---|---|---|---|---|")
     for n in a.tp:
@@ -176,6 +202,9 @@ def driver(argv):
             c = res[name]
             print(f"| {name} | {n} | {c['ms']:.2f} | {c['ideal_ms']:.2f} | {c['fraction']:.2f} |")
         print(f"| (copy bandwidth {res['copy_GBps']:.0f} GB/s, read + write) | {n} | | | |")
+
+
+def launch_overhead():
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write("import torch.distributed\n")
         script = f.name

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 
-USAGE = "python -m tpcheck emulate -n N [--comm-order nccl-ring|rank] [--trace DIR] -- CMD [ARGS...]"
+USAGE = "python -m tpcheck emulate -n N [--comm-order nccl-ring|rank] [--trace DIR] [--mps] -- CMD [ARGS...]"
 GRACE_S = 3.0
 KILL_S = 2.0
 
@@ -222,6 +222,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("-n", "--nproc", type=int, required=True, help="ranks (processes)")
     p.add_argument("--comm-order", default="nccl-ring", choices=["nccl-ring", "rank"])
     p.add_argument("--trace", default=None, metavar="DIR")
+    p.add_argument("--mps", action="store_true",
+                   help="run the ranks as clients of a CUDA MPS server of this launch (a private "
+                        "nvidia-cuda-mps-control daemon, stopped at the end): ranks sharing a GPU "
+                        "then run their kernels side by side instead of in time slices")
     try:
         a = p.parse_args(opts)
     except SystemExit as e:
@@ -269,6 +273,78 @@ def main(argv: list[str]) -> int:
         os.makedirs(a.trace, exist_ok=True)
         base_env["TPCHECK_TRACE_DIR"] = os.path.abspath(a.trace)
 
+    mps = None
+    if a.mps:
+        try:
+            mps = MpsDaemon()
+        except RuntimeError as e:
+            return _fail(str(e))
+        base_env.update(mps.env)
+    try:
+        return _launch(a, cmd, n, job, port, base_env)
+    finally:
+        if mps is not None:
+            mps.stop()
+
+
+class MpsDaemon:
+    """--mps: a CUDA MPS control daemon of this launch only. Its pipe and log folders are a
+    temporary folder of ours (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, given to the
+    ranks), so it serves this launch's ranks and no other program, and another MPS daemon on
+    the machine is left alone. The GPU's settings (compute mode, clocks) are not touched.
+    Why: without MPS, processes that share a GPU take turns on it (time slices), and every
+    collective waits for each rank's turn; with MPS their kernels share the GPU at once."""
+
+    def __init__(self):
+        import tempfile
+
+        self.exe = shutil.which("nvidia-cuda-mps-control")
+        if self.exe is None:
+            raise RuntimeError("--mps: nvidia-cuda-mps-control is not on PATH (it comes with "
+                               "the NVIDIA driver); run without --mps")
+        self.dir = tempfile.mkdtemp(prefix="tpcheck-mps-")
+        pipe, log = os.path.join(self.dir, "pipe"), os.path.join(self.dir, "log")
+        os.makedirs(pipe)
+        os.makedirs(log)
+        self.env = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log}
+        p = subprocess.run([self.exe, "-d"], env=dict(os.environ, **self.env),
+                           capture_output=True, text=True, timeout=30)
+        deadline = time.monotonic() + 10
+        while p.returncode == 0 and not os.path.exists(os.path.join(pipe, "control")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if p.returncode != 0 or not os.path.exists(os.path.join(pipe, "control")):
+            why = (p.stderr or p.stdout).strip() or self._log_tail()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise RuntimeError(f"--mps: the MPS control daemon did not start "
+                               f"(status {p.returncode}): {why}")
+
+    def _log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.env["CUDA_MPS_LOG_DIRECTORY"], "control.log"),
+                      encoding="utf-8", errors="replace") as f:
+                return " / ".join(f.read().strip().splitlines()[-3:])
+        except OSError:
+            return "no log"
+
+    def stop(self) -> None:
+        try:
+            subprocess.run([self.exe], input="quit\n", env=dict(os.environ, **self.env),
+                           capture_output=True, text=True, timeout=30)
+            # The daemon removes its control pipe once it has ended.
+            deadline = time.monotonic() + 10
+            while os.path.exists(os.path.join(self.env["CUDA_MPS_PIPE_DIRECTORY"], "control")):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _launch(a, cmd, n, job, port, base_env) -> int:
+    """Starts the N ranks, supervises them, writes the trace ledger; the exit status."""
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     lock = threading.Lock()

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import shutil
 import sys
 import time
 
@@ -166,6 +167,9 @@ def test_bad_input(tmp_path):
     rc, out, err, _ = emulate(["-n", "2", "--", sys.executable, "-c", "print('hello')"])
     assert rc == 1 and "[rank1]: hello" in out
     assert "ranks 0, 1 never initialized the process group" in err
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        rc, out, err, _ = emulate(["-n", "2", "--mps", "--", sys.executable, "-c", "print('hello')"])
+        assert rc == 2 and "--mps: nvidia-cuda-mps-control is not on PATH" in err and out == ""
 
 
 def test_example_runs():
