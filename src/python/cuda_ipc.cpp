@@ -6,6 +6,14 @@
 //   ipc_open(handle, device) -> address
 //       Maps a peer's allocation (its handle) into this process; `device` is the GPU the
 //       allocation is on (cudaIpcMemLazyEnablePeerAccess: another current GPU may read it).
+//   ipc_export(address, device) -> (handle, offset)
+//       The IPC handle of the allocation that holds `address` — memory another allocator
+//       made with cudaMalloc, e.g. a tensor of torch's caching allocator — and the address's
+//       offset in it, so that peers read and write the tensor in place (ipc_open maps the
+//       whole allocation). The allocation's start comes from the driver's
+//       cuMemGetAddressRange, looked up in libcuda at run time (the extension does not link
+//       the driver, so it imports on machines without one). Memory from cuMemCreate (torch's
+//       expandable segments) has no such handle: RuntimeError, and the caller stages.
 //   ipc_close(address, device)   unmaps what ipc_open mapped.
 //   ipc_free(address, device)    frees what ipc_alloc allocated.
 //   cuda_bytes(address, nbytes, device) -> torch.Tensor
@@ -40,6 +48,7 @@
 
 #ifdef TPCHECK_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #endif
 
 namespace nb = nanobind;
@@ -146,6 +155,52 @@ std::uintptr_t ipc_open(nb::bytes handle, int device) {
 #endif
 }
 
+#ifdef TPCHECK_HAVE_CUDA
+// cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr ptr), from libcuda
+// (already loaded by the CUDA runtime when a GPU is in use).
+using AddressRangeFn = int (*)(unsigned long long*, std::size_t*, unsigned long long);
+
+AddressRangeFn address_range_fn() {
+  static AddressRangeFn fn = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    return lib == nullptr ? nullptr
+                          : reinterpret_cast<AddressRangeFn>(dlsym(lib, "cuMemGetAddressRange_v2"));
+  }();
+  return fn;
+}
+#endif
+
+std::pair<nb::bytes, std::int64_t> ipc_export(std::uintptr_t address, int device) {
+#ifdef TPCHECK_HAVE_CUDA
+  if (address == 0) throw nb::value_error("ipc_export: address 0");
+  const AddressRangeFn range = address_range_fn();
+  if (range == nullptr) {
+    throw std::runtime_error("ipc_export: cuMemGetAddressRange_v2 not found in libcuda.so.1");
+  }
+  cudaIpcMemHandle_t handle;
+  unsigned long long base = 0;
+  {
+    nb::gil_scoped_release unlocked;
+    DeviceScope scope("ipc_export", device);
+    std::size_t size = 0;
+    const int rc = range(&base, &size, address);
+    if (rc != 0) {
+      throw std::runtime_error(fmt::format(
+          "ipc_export: cuMemGetAddressRange failed on GPU {} for address {:#x} (CUresult {})",
+          device, address, rc));
+    }
+    check(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)), "ipc_export",
+          "cudaIpcGetMemHandle", device);
+  }
+  return {nb::bytes(reinterpret_cast<const char*>(&handle), kHandleBytes),
+          static_cast<std::int64_t>(address - base)};
+#else
+  (void)address, (void)device;
+  throw std::runtime_error("ipc_export: this tpcheck was built without CUDA");
+#endif
+}
+
 void ipc_close(std::uintptr_t address, int device) {
 #ifdef TPCHECK_HAVE_CUDA
   if (address == 0) throw nb::value_error("ipc_close: address 0 was never opened");
@@ -200,6 +255,8 @@ void tpcheck_register_cuda_ipc(nb::module_& m) {
         "cudaMalloc on a GPU and the allocation's CUDA IPC handle: (address, handle).");
   m.def("ipc_open", &ipc_open, "handle"_a, "device"_a,
         "Maps a peer process's allocation (its IPC handle) here; its address.");
+  m.def("ipc_export", &ipc_export, "address"_a, "device"_a,
+        "The IPC handle of the cudaMalloc allocation holding address, and the offset in it.");
   m.def("ipc_close", &ipc_close, "address"_a, "device"_a, "Unmaps what ipc_open mapped.");
   m.def("ipc_free", &ipc_free, "address"_a, "device"_a, "Frees what ipc_alloc allocated.");
   // rv_policy::reference: nanobind copies an ndarray without an owner under the default

@@ -25,15 +25,16 @@
 //       all-reduce's chunking as runs of elements whose nccl-ring fold starts at first_rank
 //       (for folds done elsewhere, e.g. by torch ops on a GPU), from all_reduce_chunk_of.
 //   ring_fold_cuda(inputs, out, n_out, dtype, first, offset, count, stream, device,
-//                  chunk_bytes)
+//                  chunk_bytes, extra_outs)
 //       The same folds on a GPU, by the C++ device group's kernel (comm/cuda/
 //       device_collectives.cu: one definition for both). inputs: one device address per
 //       rank, each of `count` elements of `dtype` (f64, f32, f16, bf16); out: a device
 //       address of n_out elements; out[j] = the fold of inputs[*][offset + j], every step
 //       rounded to the dtype, starting at rank `first` (0..N-1; 0 is rank order) or, with
 //       first = -1, at the nccl-ring start of element offset + j's all-reduce chunk.
-//       Enqueued on `stream` (a cudaStream_t as an integer) of GPU `device`; returns at
-//       once. Built without CUDA: RuntimeError.
+//       extra_outs: more device addresses, each written like `out` (the in-place
+//       all-reduce writes every rank's tensor). Enqueued on `stream` (a cudaStream_t as an
+//       integer) of GPU `device`; returns at once. Built without CUDA: RuntimeError.
 // Errors: ValueError naming the argument. The work runs with the GIL released.
 #include <fmt/format.h>
 #include <nanobind/nanobind.h>
@@ -279,7 +280,7 @@ Segments ring_segments(std::int64_t count, int world, const std::string& dtype,
 void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t out,
                     std::int64_t n_out, const std::string& dtype, int first, std::int64_t offset,
                     std::int64_t count, std::uintptr_t stream, int device,
-                    std::size_t chunk_bytes) {
+                    std::size_t chunk_bytes, const std::vector<std::uintptr_t>& extra_outs) {
 #ifdef TPCHECK_HAVE_CUDA
   const int n = static_cast<int>(inputs.size());
   if (n < 1 || n > cuda::kMaxDeviceRanks) {
@@ -309,6 +310,14 @@ void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t ou
   p.dtype = dt;
   p.mode = cuda::ReduceMode::kRingSum;
   p.out = reinterpret_cast<void*>(out);
+  if (extra_outs.size() > static_cast<std::size_t>(cuda::kMaxDeviceRanks)) {
+    throw nb::value_error(fmt::format("ring_fold_cuda: {} extra outputs; at most {}",
+                                      extra_outs.size(), cuda::kMaxDeviceRanks)
+                              .c_str());
+  }
+  p.extra_outs = static_cast<int>(extra_outs.size());
+  for (std::size_t k = 0; k < extra_outs.size(); ++k)
+    p.outs[k] = reinterpret_cast<void*>(extra_outs[k]);
   p.n_out = n_out;
   p.dim_size = count;  // one row of `count` elements: src(j) = offset + j
   p.rows = n_out;
@@ -329,7 +338,7 @@ void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t ou
   cudaSetDevice(previous);
 #else
   (void)inputs, (void)out, (void)n_out, (void)dtype, (void)first, (void)offset, (void)count,
-      (void)stream, (void)device, (void)chunk_bytes;
+      (void)stream, (void)device, (void)chunk_bytes, (void)extra_outs;
   throw std::runtime_error("ring_fold_cuda: this tpcheck was built without CUDA");
 #endif
 }
@@ -351,5 +360,6 @@ void tpcheck_register_ring(nb::module_& m) {
   m.def("ring_fold_cuda", &ring_fold_cuda, "inputs"_a, "out"_a, "n_out"_a, "dtype"_a, "first"_a,
         "offset"_a, "count"_a, "stream"_a, "device"_a,
         "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
+        "extra_outs"_a = std::vector<std::uintptr_t>{},
         "out[j] = the ring fold of inputs[*][offset + j] on a GPU (the device group's kernel).");
 }

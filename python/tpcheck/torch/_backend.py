@@ -38,6 +38,7 @@ from torch.distributed import ReduceOp
 from torch.futures import Future
 
 from .._emulate import mark_initialized, read_events
+from ._records import FLAG_DONE, FLAG_REDUCED
 from ._shm import ShmExchange
 
 
@@ -55,6 +56,12 @@ _OPS = {
 }
 
 _groups = 0  # groups made by this process (names their buffers)
+
+
+def _zero_copy() -> bool:
+    """Whether CUDA collectives lend the caller's tensors to the peers instead of staging
+    copies (_cuda_ipc.py). TPCHECK_EMULATE_ZERO_COPY=0 stages always."""
+    return os.environ.get("TPCHECK_EMULATE_ZERO_COPY", "1") != "0"
 
 
 def _split_bytes() -> int:
@@ -278,14 +285,14 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                 recs[r] = json.loads(self._store.get(got["store"]))
         return recs
 
-    def _wait_reduced(self, seq, what):
-        """The second round of a split all-reduce: every rank recorded its `reduced`."""
+    def _wait_flag(self, kind: int, seq: int, what: str):
+        """A second round: every rank set flag `kind` (_records.FLAG_*) of call `seq`."""
         rf = self._record_file()
-        rf.set_flag(seq)
-        self._poll(lambda: all(rf.flag(r, seq) for r in range(self._size)),
-                   f"{what} (call #{seq} of the group, its shares)",
+        rf.set_flag(kind, seq)
+        self._poll(lambda: all(rf.flag(kind, r, seq) for r in range(self._size)),
+                   f"{what} (call #{seq} of the group, its second round)",
                    lambda: ", ".join(self._who(r) for r in range(self._size)
-                                     if not rf.flag(r, seq)))
+                                     if not rf.flag(kind, r, seq)))
 
     def _step(self, kind: str, sig: dict, contrib: list[torch.Tensor], extra=None, device=None,
               put_options=None):
@@ -301,6 +308,8 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         if kind != "barrier":
             sig = dict(sig, device=dev.type if dev is not None else "cpu")
         ex = self._exchange(dev)
+        if put_options is None and ex is not self._shm:
+            put_options = {"zero_copy": _zero_copy()}
         loc = ex.put(seq, contrib, **(put_options or {}))
         desc = self._format_call(kind, sig)
         rec = {"seq": seq, "kind": kind, "sig": sig, "desc": desc, "loc": loc, "extra": extra,
@@ -436,16 +445,17 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         return tmp, (lambda: t.copy_(tmp.view(t.shape)))
 
     def _put_options(self, tensors, op, split=False):
-        """CUDA staging for the kernel's reductions: AVG staged times 1/N (rounded to the
-        dtype, NCCL's PreMulSum); a split all-reduce stages a result region too."""
+        """CUDA options for the kernel's reductions: sums lend the tensors themselves (zero
+        copy) where they can; AVG is staged times 1/N (rounded to the dtype, NCCL's
+        PreMulSum); a split all-reduce that stages has a result region too."""
         if not tensors or tensors[0].device.type != "cuda" or tensors[0].dtype not in _RING_DTYPES:
             return None
         scale = torch.tensor(1.0 / self._size, dtype=tensors[0].dtype).item() if op == "avg" else None
-        return {"scale": scale, "results": split}
+        return {"scale": scale, "results": split, "zero_copy": op == "sum" and _zero_copy()}
 
     def _split(self, tensors, kind, op) -> bool:
-        """A CUDA all-reduce big enough to be split into one share per rank (below it, one
-        more round of records through the store costs more than every rank folding all)."""
+        """A staged CUDA all-reduce big enough to be split into one share per rank (below
+        it, one more round costs more than every rank folding all)."""
         return (kind == "all_reduce" and self._size > 1 and op in ("sum", "avg")
                 and all(t.device.type == "cuda" and t.dtype in _RING_DTYPES for t in tensors)
                 and len({t.dtype for t in tensors}) == 1
@@ -459,28 +469,47 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         split = self._split(tensors, kind, op)
         put_options = self._put_options(tensors, op, split) if op in ("sum", "avg") else None
         recs, ex = self._step(kind, sig, tensors, put_options=put_options)
-        if split:
+        seq = self._last[0]
+        what = self._format_call(kind, sig)
+        cuda = ex is not self._shm
+        if (cuda and kind == "all_reduce" and op == "sum" and tensors[0].dtype in _RING_DTYPES
+                and ex.in_place_ok(recs)):
+            ex.all_reduce_in_place(tensors, recs, self._rank, self._order)
+            self._sync_cuda(ex, recs)
+            return _done(tensors)
+        if split and not ex.zero_copy_in(recs):
             outs = [self._out(t) for t in tensors]
-            seq = self._last[0]
             ex.split_all_reduce([o for o, _ in outs], recs, self._rank, self._order,
-                                lambda: self._wait_reduced(seq, self._format_call(kind, sig)))
+                                lambda: self._wait_flag(FLAG_REDUCED, seq, what))
             for _, fin in outs:
                 fin()
-            self._sync_cuda(ex)
+            self._sync_cuda(ex, recs)
             return _done(tensors)
+        # Every rank folds all elements. A lent tensor (zero copy) is read by the peers until
+        # the second round: the result waits in a copy until then.
+        lent = cuda and ex.zero_copy_in(recs)
+        pending = []
         for i, t in enumerate(tensors):
             if kind == "reduce" and self._rank != root:
                 continue
             ins = [ex.view(rec["loc"], i, t.dtype, t.numel()) for rec in recs]
-            out, fin = self._out(t)
-            self._reduce_into(out, ins, kind, op, root)
-            fin()
-        self._sync_cuda(ex)
+            if lent:
+                tmp = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+                self._reduce_into(tmp, ins, kind, op, root)
+                pending.append((t, tmp))
+            else:
+                out, fin = self._out(t)
+                self._reduce_into(out, ins, kind, op, root)
+                fin()
+        self._sync_cuda(ex, recs)
+        for t, tmp in pending:
+            t.copy_(tmp.view(t.shape))
         return _done(tensors)
 
-    def _sync_cuda(self, ex):
+    def _sync_cuda(self, ex, recs):
         if ex is not self._shm:
-            ex.finish()
+            seq, rec = self._last
+            ex.finish(recs, lambda: self._wait_flag(FLAG_DONE, seq, f"the end of {rec['desc']}"))
 
     def allreduce(self, tensors, opts=None):
         return self._all_reduce_list(tensors, opts)
@@ -504,7 +533,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         o, fin = self._out(out)
         self._reduce_into(o, ins, "reduce_scatter", op)
         fin()
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
 
     def _reduce_scatter_base(self, out, inp, opts=None):
         self._reduce_scatter_flat(out, inp, opts, "reduce_scatter_tensor")
@@ -540,7 +569,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         for r, rec in enumerate(recs):
             o[r * n:(r + 1) * n].copy_(ex.view(rec["loc"], 0, inp.dtype, n))
         fin()
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
 
     def _allgather_base(self, out, inp, opts=None):
         self._gather_flat(out, inp, "all_gather_into_tensor")
@@ -563,7 +592,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                     raise EmulateError(f"all_gather: output {r} {_describe(o)} does not fit "
                                        f"the input {_describe(ins[i])}")
                 o.copy_(ex.view(rec["loc"], i, o.dtype, o.numel()).view(o.shape))
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
         return _done(out_lists)
 
     def allgather_coalesced(self, out_lists, ins, opts=None):
@@ -579,7 +608,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         if self._rank != root:
             for i, t in enumerate(tensors):
                 t.copy_(ex.view(recs[root]["loc"], i, t.dtype, t.numel()).view(t.shape))
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
         return _done(tensors)
 
     def alltoall_base(self, out, inp, out_splits, in_splits, opts=None):
@@ -607,7 +636,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
             o[pos:pos + cnt].copy_(src[start:start + cnt])
             pos += cnt
         fin()
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
         return _done([out])
 
     def alltoall(self, outs, ins, opts=None):
@@ -621,7 +650,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                 raise EmulateError(f"all_to_all: {self._who(j)} sends {shape} to "
                                    f"{self._who(self._rank)}, whose output {j} is {_describe(o)}")
             o.copy_(ex.view(rec["loc"], self._rank, o.dtype, o.numel()).view(o.shape))
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
         return _done(outs)
 
     def gather(self, out_lists, ins, opts=None):
@@ -630,7 +659,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         if self._rank == root:
             for r, (o, rec) in enumerate(zip(out_lists[0], recs)):
                 o.copy_(ex.view(rec["loc"], 0, o.dtype, o.numel()).view(o.shape))
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
         return _done(out_lists)
 
     def scatter(self, outs, in_lists, opts=None):
@@ -639,7 +668,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         recs, ex = self._step("scatter", self._sig(outs, root=root), mine, device=outs[0].device)
         o = outs[0]
         o.copy_(ex.view(recs[root]["loc"], self._rank, o.dtype, o.numel()).view(o.shape))
-        self._sync_cuda(ex)
+        self._sync_cuda(ex, recs)
         return _done(outs)
 
     def barrier(self, opts=None):

@@ -44,6 +44,7 @@ order the model gives (correct, not fast: TP code reduces sums).
 from __future__ import annotations
 
 import base64
+import os
 
 import torch
 
@@ -86,6 +87,8 @@ class CudaExchange:
         self._waited: set[tuple[int, str]] = set()
         self._seq = -1
         self._peer_done: dict[int, list[str]] = {}  # peer rank -> its done-event handles
+        self._mine: list[torch.Tensor] = []  # this rank's tensors of the current collective
+        self._no_export = False  # set when the allocator's memory has no IPC handle
 
     # ---- writing ---------------------------------------------------------------------------
     def _buffer(self, which: int, need: int) -> torch.Tensor:
@@ -117,11 +120,46 @@ class CudaExchange:
         return cur
 
     def put(self, seq: int, tensors: list[torch.Tensor], scale: float | None = None,
-            results: bool = False) -> dict:
-        """Stages the tensors for collective `seq` (each times `scale` when given); with
-        `results`, also a result region per tensor (same size) for split_all_reduce."""
+            results: bool = False, zero_copy: bool = False) -> dict:
+        """Makes the tensors of collective `seq` readable by the peers: with `zero_copy`, in
+        place (their allocations' IPC handles), else staged (each times `scale` when
+        given; with `results`, also a result region per tensor for split_all_reduce)."""
         with torch.cuda.device(self._dev):  # events and buffers on this rank's GPU
+            if zero_copy and not self._no_export:
+                loc = self._export(seq, tensors)
+                if loc is not None:
+                    return loc
             return self._put(seq, tensors, scale, results)
+
+    def _events(self, which: int) -> dict:
+        return {"cuda": True, "pid": os.getpid(), "dev": self._dev.index, "which": which,
+                "ready": [_b64(e.ipc_handle()) for e in self._ready],
+                "reduced": [_b64(e.ipc_handle()) for e in self._reduced],
+                "done": [_b64(e.ipc_handle()) for e in self._done]}
+
+    def _export(self, seq: int, tensors: list[torch.Tensor]) -> dict | None:
+        """Zero copy: the peers read (and the in-place all-reduce writes) the caller's
+        tensors themselves. None when one cannot be exported (not contiguous, another
+        device, memory without an IPC handle: torch's expandable segments)."""
+        srcs = []
+        for t in tensors:
+            if t.device != self._dev or not t.is_contiguous():
+                return None
+            if t.numel() == 0:
+                srcs.append(None)
+                continue
+            try:
+                h, off = _tpcheck.ipc_export(t.data_ptr(), self._dev.index)
+            except RuntimeError:
+                self._no_export = True  # the allocator's memory: stage from now on
+                return None
+            srcs.append([_b64(h), off])
+        self._seq = seq
+        self._waited.clear()
+        self._mine = list(tensors)
+        which = seq % 2
+        self._ready[which].record(torch.cuda.current_stream(self._dev))
+        return dict(self._events(which), zc=srcs)
 
     def _put(self, seq: int, tensors: list[torch.Tensor], scale, results) -> dict:
         from ._backend import EmulateError
@@ -154,10 +192,9 @@ class CudaExchange:
             else:  # one rounding to the dtype, as NCCL's PreMulSum
                 torch.mul(t.reshape(-1), scale, out=dst)
         self._ready[which].record(stream)
-        return {"cuda": True, "share": self._shares[which], "offs": offs, "res": res_offs,
-                "which": which, "ready": [_b64(e.ipc_handle()) for e in self._ready],
-                "reduced": [_b64(e.ipc_handle()) for e in self._reduced],
-                "done": [_b64(e.ipc_handle()) for e in self._done]}
+        self._mine = []
+        return dict(self._events(which), zc=None, share=self._shares[which], offs=offs,
+                    res=res_offs)
 
     # ---- reading ---------------------------------------------------------------------------
     def _event(self, h: str, dev: int) -> torch.cuda.Event:
@@ -168,8 +205,25 @@ class CudaExchange:
         return ev
 
     def view(self, loc: dict, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """Tensor `index` a rank staged (flat), after its `ready` event."""
-        return self._region(loc, loc["offs"][index], "ready", dtype, numel)
+        """Tensor `index` of a rank's collective (flat; staged, or the rank's own tensor
+        under zero copy), after its `ready` event."""
+        if loc.get("zc") is None:
+            return self._region(loc, loc["offs"][index], "ready", dtype, numel)
+        if numel == 0:
+            return torch.empty(0, dtype=dtype, device=self._dev)
+        if loc["pid"] == os.getpid():
+            return self._mine[index].reshape(-1).view(dtype)[:numel]
+        h, off = loc["zc"][index]
+        dev = loc["dev"]
+        key = (loc["which"], loc["pid"], "ready")
+        if key not in self._waited:
+            torch.cuda.current_stream(self._dev).wait_event(self._event(loc["ready"][loc["which"]], dev))
+            self._waited.add(key)
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        v = _tpcheck.cuda_bytes(self._map(h, dev, nbytes) + off, nbytes, dev).view(dtype)
+        if v.device != self._dev:
+            v = v.to(self._dev, non_blocking=True)
+        return v
 
     def result_view(self, loc: dict, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """Result region `index` of a rank's split all-reduce, after its `reduced` event."""
@@ -196,23 +250,41 @@ class CudaExchange:
     def _peer_buffer(self, share: list) -> torch.Tensor:
         dev, h, size = share
         t = self._peer_bufs.get(h)
-        if t is None:  # mapped on the peer's GPU, once per allocation (a handle opens once)
+        if t is None:
+            t = _tpcheck.cuda_bytes(self._map(h, dev, size), size, dev)
+            self._peer_bufs[h] = t
+        return t
+
+    def _map(self, h: str, dev: int, nbytes: int) -> int:
+        """A peer's allocation mapped here (on the peer's GPU), once per allocation: an IPC
+        handle opens once per process. Mappings stay until exit (release_peers): a peer's
+        tensors come from its caching allocator, whose few large allocations are reused."""
+        got = self._peer_maps.get(h)
+        if got is None:
             from ._backend import EmulateError
 
             try:
                 addr = _tpcheck.ipc_open(_unb64(h), dev)
             except RuntimeError as e:
-                raise EmulateError(f"cannot map a peer rank's CUDA staging buffer ({size} bytes "
-                                   f"on cuda:{dev}) through CUDA IPC: {e}") from e
-            self._peer_maps[h] = (addr, dev)
-            t = _tpcheck.cuda_bytes(addr, size, dev)
-            self._peer_bufs[h] = t
-        return t
+                raise EmulateError(f"cannot map a peer rank's CUDA memory (a tensor of {nbytes} "
+                                   f"bytes on cuda:{dev}) through CUDA IPC: {e}") from e
+            got = self._peer_maps[h] = (addr, dev)
+        return got[0]
 
     def note_peers(self, recs: list[dict], me: int) -> None:
         for r, rec in enumerate(recs):
             if r != me and rec.get("loc", {}).get("cuda"):
-                self._peer_done[r] = (rec["loc"]["share"][0], rec["loc"]["done"])
+                self._peer_done[r] = (rec["loc"]["dev"], rec["loc"]["done"])
+
+    @staticmethod
+    def zero_copy_in(recs: list[dict]) -> bool:
+        """Whether some rank lent its own tensors (zero copy) to this collective."""
+        return any((rec.get("loc") or {}).get("zc") is not None for rec in recs)
+
+    def in_place_ok(self, recs: list[dict]) -> bool:
+        """Whether every rank lent its tensors on this GPU: the in-place all-reduce."""
+        return all((rec.get("loc") or {}).get("zc") is not None
+                   and rec["loc"]["dev"] == self._dev.index for rec in recs)
 
     def release_peers(self) -> None:
         """At exit, before the exit barrier: waits for this process's GPU work (on its own
@@ -247,20 +319,50 @@ class CudaExchange:
         if first is not None:
             raise first
 
-    def finish(self) -> None:
-        if self._seq >= 0:
-            self._done[self._seq % 2].record(torch.cuda.current_stream(self._dev))
+    def finish(self, recs: list[dict], wait_done) -> None:
+        """Records `done` (this rank has enqueued all it reads from and writes to the
+        peers). When some rank lent its own tensors, wait_done() waits until every rank
+        recorded its `done`, and this stream waits on each: a lent tensor may be changed
+        by its owner only after every peer has read it, and read only after every peer
+        wrote its share into it (the in-place all-reduce)."""
+        if self._seq < 0:
+            return
+        which = self._seq % 2
+        stream = torch.cuda.current_stream(self._dev)
+        self._done[which].record(stream)
+        if self.zero_copy_in(recs):
+            wait_done()
+            for rec in recs:
+                loc = rec.get("loc") or {}
+                if loc.get("cuda") and loc["pid"] != os.getpid():
+                    stream.wait_event(self._event(loc["done"][which], loc["dev"]))
 
     # ---- reductions ------------------------------------------------------------------------
-    def fold(self, out, inputs, first, offset=0):
-        """out[j] = the fold of inputs[*][offset + j] starting at rank `first` (-1: the
-        all-reduce's nccl-ring start of each element), on the current stream."""
+    def fold(self, out, inputs, first, offset=0, extra_outs=()):
+        """out[j] (and each of extra_outs[j]) = the fold of inputs[*][offset + j] starting
+        at rank `first` (-1: the all-reduce's nccl-ring start of each element), on the
+        current stream."""
         if out.numel() == 0:
             return
         _tpcheck.ring_fold_cuda([x.data_ptr() for x in inputs], out.data_ptr(), out.numel(),
                                 _DT[out.dtype], first, offset, inputs[0].numel(),
                                 torch.cuda.current_stream(self._dev).cuda_stream,
-                                self._dev.index)
+                                self._dev.index, extra_outs=[x.data_ptr() for x in extra_outs])
+
+    def all_reduce_in_place(self, tensors, recs, rank, order):
+        """The all-reduce when every rank lent its tensors (in_place_ok): this rank folds its
+        share of the elements from every rank's tensor and writes the result into every
+        rank's tensor, in one kernel (each element is read from all before it is written;
+        only this rank touches its share). Every byte is read once and written once."""
+        n = len(recs)
+        for i, t in enumerate(tensors):
+            count = t.numel()
+            lo, hi = share(count, n, rank)
+            if hi <= lo:
+                continue
+            views = [self.view(rec["loc"], i, t.dtype, count) for rec in recs]
+            self.fold(views[0][lo:hi], views, -1 if order == "nccl-ring" else 0, offset=lo,
+                      extra_outs=[v[lo:hi] for v in views[1:]])
 
     def split_all_reduce(self, outs, recs, rank, order, wait_all):
         """The all-reduce of each out (flat, staged by every rank with results=True): this

@@ -5,8 +5,9 @@ buffer location, call site; _backend.py) and reading every other rank's record o
 call. Through the rendezvous TCPStore that is several round trips per call, polled: about a
 millisecond, measured on the H200 machine, against ~0.2 ms for the GPU work of a 32 MiB
 all-reduce. Here each rank owns one small file with two record slots (call s uses slot
-s % 2) and two flags (the second round of a split all-reduce); peers map it read-only and
-poll it, which costs microseconds.
+s % 2) and flags (the second rounds: `reduced` of a split all-reduce, `done` of a zero-copy
+collective; each kind two, for s % 2); peers map it read-only and poll it, which costs
+microseconds.
 
 Slot layout: [seq: int64][length: int64][payload: JSON, at most SLOT_BYTES]; the writer
 writes the payload and length first, then seq. The payload repeats seq, and a reader only
@@ -30,8 +31,9 @@ import uuid
 SLOT_BYTES = 60 * 1024
 _HEADER = 16
 _SLOT = _HEADER + SLOT_BYTES
-_FLAGS = 2 * _SLOT  # two int64 flags after the slots
-_SIZE = _FLAGS + 16
+_FLAGS = 2 * _SLOT  # the int64 flags after the slots: kind k, call s at 2 k + s % 2
+FLAG_REDUCED, FLAG_DONE = 0, 1
+_SIZE = _FLAGS + 4 * 8
 
 
 class RecordFile:
@@ -48,7 +50,7 @@ class RecordFile:
             self._mm = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        struct.pack_into("qq", self._mm, _FLAGS, -1, -1)
+        struct.pack_into("qqqq", self._mm, _FLAGS, -1, -1, -1, -1)
         for which in range(2):
             struct.pack_into("qq", self._mm, which * _SLOT, -1, 0)
         self._peers: list[mmap.mmap | None] = []
@@ -97,9 +99,9 @@ class RecordFile:
             return None
         return rec if isinstance(rec, dict) and rec.get("seq") == seq else None
 
-    # ---- flags (the second round of a split all-reduce) --------------------------------------
-    def set_flag(self, seq: int) -> None:
-        struct.pack_into("q", self._mm, _FLAGS + (seq % 2) * 8, seq)
+    # ---- flags (the second rounds) -----------------------------------------------------------
+    def set_flag(self, kind: int, seq: int) -> None:
+        struct.pack_into("q", self._mm, _FLAGS + (2 * kind + seq % 2) * 8, seq)
 
-    def flag(self, rank: int, seq: int) -> bool:
-        return struct.unpack_from("q", self._peers[rank], _FLAGS + (seq % 2) * 8)[0] == seq
+    def flag(self, kind: int, rank: int, seq: int) -> bool:
+        return struct.unpack_from("q", self._peers[rank], _FLAGS + (2 * kind + seq % 2) * 8)[0] == seq

@@ -11,6 +11,10 @@ namespace {
 struct Inputs {
   const void* p[kMaxDeviceRanks];
 };
+struct Outputs {
+  void* p[kMaxDeviceRanks];
+  int n;
+};
 
 // The all-reduce chunk of element i (ring_reference.h's all_reduce_chunk_of).
 __device__ __forceinline__ int ring_chunk(long long i, long long count, int world, long long c,
@@ -24,7 +28,8 @@ __device__ __forceinline__ int ring_chunk(long long i, long long count, int worl
 }
 
 template <typename T>
-__global__ void reduce_kernel(Inputs in, int world, ReduceMode mode, T* out, long long n_out,
+__global__ void reduce_kernel(Inputs in, Outputs extra, int world, ReduceMode mode, T* out,
+                              long long n_out,
                               long long dim_size, long long inner, long long rows,
                               long long row_start, int fixed_start, long long count,
                               long long chunk_elems) {
@@ -37,11 +42,17 @@ __global__ void reduce_kernel(Inputs in, int world, ReduceMode mode, T* out, lon
     const long long o = j / (inner * rows);
     const long long src = (o * dim_size + row_start + k) * inner + i;
     auto x = [&](int r) { return static_cast<const T*>(in.p[r])[src]; };
+    // The inputs of element j are read before any output of it is written (an output may
+    // be an input: the in-place all-reduce), and no other thread touches element j.
+    auto put = [&](T v) {
+      out[j] = v;
+      for (int k = 0; k < extra.n; ++k) static_cast<T*>(extra.p[k])[j] = v;
+    };
     switch (mode) {
       case ReduceMode::kRankSum: {
         Real acc = to_real(x(0));
         for (int r = 1; r < world; ++r) acc += to_real(x(r));
-        out[j] = from_real<T>(acc);
+        put(from_real<T>(acc));
         break;
       }
       case ReduceMode::kRingSum: {
@@ -53,7 +64,7 @@ __global__ void reduce_kernel(Inputs in, int world, ReduceMode mode, T* out, lon
           if (r >= world) r -= world;
           acc = from_real<T>(to_real(acc) + to_real(x(r)));
         }
-        out[j] = acc;
+        put(acc);
         break;
       }
       case ReduceMode::kRankMax: {
@@ -62,13 +73,13 @@ __global__ void reduce_kernel(Inputs in, int world, ReduceMode mode, T* out, lon
           const Real v = to_real(x(r));
           acc = (acc != acc || v != v) ? (acc != acc ? acc : v) : (v > acc ? v : acc);
         }
-        out[j] = from_real<T>(acc);
+        put(from_real<T>(acc));
         break;
       }
       case ReduceMode::kRingMax: {
         Real acc = to_real(x(0));
         for (int r = 1; r < world; ++r) acc = fmax(acc, to_real(x(r)));
-        out[j] = from_real<T>(acc);
+        put(from_real<T>(acc));
         break;
       }
     }
@@ -81,11 +92,16 @@ void launch_reduce(const ReduceLaunch& p, cudaStream_t stream) {
   TPCHECK_CHECK(p.world >= 1 && p.world <= kMaxDeviceRanks, "device reduce: {} ranks (1..{})",
                 p.world, kMaxDeviceRanks);
   if (p.n_out == 0) return;
+  TPCHECK_CHECK(p.extra_outs >= 0 && p.extra_outs <= kMaxDeviceRanks,
+                "device reduce: {} extra outputs (0..{})", p.extra_outs, kMaxDeviceRanks);
   Inputs in{};
   for (int r = 0; r < p.world; ++r) in.p[r] = p.inputs[r];
+  Outputs extra{};
+  extra.n = p.extra_outs;
+  for (int k = 0; k < p.extra_outs; ++k) extra.p[k] = p.outs[k];
   TPCHECK_DISPATCH_FLOAT(p.dtype, "device-group reduction", T, {
     reduce_kernel<T><<<grid_for(p.n_out), 256, 0, stream>>>(
-        in, p.world, p.mode, static_cast<T*>(p.out), p.n_out, p.dim_size, p.inner, p.rows,
+        in, extra, p.world, p.mode, static_cast<T*>(p.out), p.n_out, p.dim_size, p.inner, p.rows,
         p.row_start, p.fixed_start, p.count, p.chunk_elems);
     TPCHECK_LAUNCH_CHECK();
   });

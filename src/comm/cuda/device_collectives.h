@@ -33,6 +33,10 @@ struct ReduceLaunch {
   DType dtype = DType::kF32;
   ReduceMode mode = ReduceMode::kRankSum;
   void* out = nullptr;
+  // More outputs (tpcheck emulate's in-place all-reduce): when extra_outs > 0, each result
+  // is also written to outs[0..extra_outs) at the same index as to `out`.
+  void* outs[kMaxDeviceRanks] = {};
+  int extra_outs = 0;
   long long n_out = 0;
   long long dim_size = 1, inner = 1, rows = 1, row_start = 0;
   int fixed_start = 0;          // kRingSum: < 0 selects the all-reduce chunk rule
