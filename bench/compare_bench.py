@@ -79,7 +79,8 @@ def compare_tp_bench(args):
         env["CUDA_VISIBLE_DEVICES"] = ""  # the example takes the GPU when it sees one
     rows = []
     for n in args.tp:
-        cmd = [sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), "--", sys.executable, example,
+        mps = ["--mps"] if args.mps else []
+        cmd = [sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), *mps, "--", sys.executable, example,
                "--hidden", str(hidden), "--ffn", str(ffn), "--tokens", str(tokens),
                "--repeat", str(args.repeat)]
         t0 = time.perf_counter()
@@ -123,6 +124,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=0, help="MLP hidden size (--compare-tp)")
     ap.add_argument("--ffn", type=int, default=0, help="MLP ffn size (--compare-tp)")
     ap.add_argument("--tokens", type=int, default=0, help="tokens (--compare-tp)")
+    ap.add_argument("--mps", action="store_true", help="launch with `tpcheck emulate --mps` (--compare-tp)")
     args = ap.parse_args()
     if args.compare_tp:
         compare_tp_bench(args)
