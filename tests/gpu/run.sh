@@ -314,15 +314,21 @@ if has emulate; then
         python3 -m tpcheck emulate -n $n -- "$root/tests/python/emulate_workers/collectives.py" --cuda
       grep -E "ALL OK|Error|error" "$out/emulate_collectives_tp$n.log" | head -5 >>"$out/failures.txt"
     done
-    # Every all-reduce split into per-rank shares (the default splits from 1 MiB), and rank
+    # Every staged all-reduce split into per-rank shares (the default splits from 1 MiB),
+    # zero copy (the default under --mps) without MPS, the ranks as MPS clients, and rank
     # order on an odd group size.
     timed "emulate: every collective, cuda, TP 4, all-reduce always split" emulate_collectives_split.log \
       env TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
+    timed "emulate: every collective, cuda, TP 4, zero copy" emulate_collectives_zc.log \
+      env TPCHECK_EMULATE_ZERO_COPY=1 python3 -m tpcheck emulate -n 4 -- \
+      "$root/tests/python/emulate_workers/collectives.py" --cuda
+    timed "emulate: every collective, cuda, TP 8, --mps" emulate_collectives_mps.log \
+      python3 -m tpcheck emulate -n 8 --mps -- "$root/tests/python/emulate_workers/collectives.py" --cuda
     timed "emulate: every collective, cuda, TP 3, rank order" emulate_collectives_rank.log \
       python3 -m tpcheck emulate -n 3 --comm-order rank -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
-    for f in emulate_collectives_split emulate_collectives_rank; do
+    for f in emulate_collectives_split emulate_collectives_zc emulate_collectives_mps emulate_collectives_rank; do
       grep -E "ALL OK|Error|error" "$out/$f.log" | head -5 >>"$out/failures.txt"
     done
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
@@ -332,10 +338,12 @@ if has emulate; then
     # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:
     # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
     timed "emulate: bench, TP 8" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8
-    timed "compare_tp: bench, TP 2 and 8" compare_bench.log \
-      python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3
+    timed "emulate: bench, TP 8, --mps" emulate_bench_mps.log \
+      python3 "$root/bench/emulate_bench.py" --tp 8 --mps --parts mlp coll
+    timed "compare_tp: bench, TP 2 and 8, --mps" compare_bench.log \
+      python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3 --mps
     cat "$out/emulate_example.log" "$out/emulate_tf32.log" "$out/emulate_bench.log" \
-      "$out/compare_bench.log" >>"$out/failures.txt"
+      "$out/emulate_bench_mps.log" "$out/compare_bench.log" >>"$out/failures.txt"
   else
     row "emulate" "not packed: run tests/gpu/pack_python.sh here first" ""
   fi

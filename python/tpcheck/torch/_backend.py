@@ -60,8 +60,17 @@ _groups = 0  # groups made by this process (names their buffers)
 
 def _zero_copy() -> bool:
     """Whether CUDA collectives lend the caller's tensors to the peers instead of staging
-    copies (_cuda_ipc.py). TPCHECK_EMULATE_ZERO_COPY=0 stages always."""
-    return os.environ.get("TPCHECK_EMULATE_ZERO_COPY", "1") != "0"
+    copies (_cuda_ipc.py). By default only under MPS (`emulate --mps` sets
+    CUDA_MPS_PIPE_DIRECTORY): measured on one H200 at TP 8 (bench/RESULTS.md, 2026-12-04),
+    zero copy halves the all-reduce's time under MPS, but without MPS, where the ranks take
+    turns on the GPU, its extra round makes the sequence-parallel step slower (3.1x TP 1
+    against 2.4x staged). TPCHECK_EMULATE_ZERO_COPY=1 or 0 decides it."""
+    env = os.environ.get("TPCHECK_EMULATE_ZERO_COPY")
+    if env in ("0", "1"):
+        return env == "1"
+    if env:
+        raise EmulateError(f"TPCHECK_EMULATE_ZERO_COPY={env!r}: expected 0 or 1")
+    return bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
 def _split_bytes() -> int:
