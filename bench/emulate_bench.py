@@ -1,7 +1,8 @@
 """bench/emulate_bench.py — the performance goals of issue 32 (`tpcheck emulate`), in one
-run, side by side. NOT RUN YET (written without a GPU); meant for one H200:
+run, side by side, on one GPU (run on an H200; figures in bench/RESULTS.md):
 
-    PYTHONPATH=build/python python bench/emulate_bench.py [--tp 2 4 8] [--quick]
+    PYTHONPATH=build/python python bench/emulate_bench.py [--tp 2 4 8] [--quick] [--mps]
+        [--parts mlp coll launch]
 
 Prints a markdown table (date, GPU, commit) to append to bench/RESULTS.md:
   1. MLP step (column -> gelu -> row, hidden 4096, ffn 16384, 4096 tokens, bf16, fwd+bwd):

@@ -20,7 +20,7 @@ The `tpcheck_group` fixture initializes torch.distributed from the launcher's en
 and destroys the group after the test.
 
 TPCHECK_PYTEST_LAUNCHER=torchrun launches with `python -m torch.distributed.run` instead
-(gloo on the CPU: how this plugin's own tests run while the emulate launcher is elsewhere).
+(e.g. for a program that needs one GPU per rank).
 Registered through the `pytest11` entry point `tpcheck` (pyproject.toml), or `-p
 tpcheck.pytest_plugin`.
 """

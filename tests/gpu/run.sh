@@ -333,6 +333,12 @@ if has emulate; then
     done
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
       python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
+    # --trace's GEMM half: cuBLASLt logs of a TP 1 and a TP 4 launch, and tpcheck diff.
+    w="$root/tests/python/emulate_workers/trace_small.py"
+    timed "emulate: --trace, cuda, TP 1 and TP 4, tpcheck diff" emulate_trace.log bash -c \
+      "python3 -m tpcheck emulate -n 1 --trace '$out/trace1' -- '$w' --cuda &&
+       python3 -m tpcheck emulate -n 4 --trace '$out/trace4' -- '$w' --cuda &&
+       '$bin' diff '$out/trace1/ledger.json' '$out/trace4/ledger.json'; echo diff status \$?"
     timed "emulate: TF32 investigation example, TP 4" emulate_tf32.log \
       python3 -m tpcheck emulate -n 4 -- "$root/examples/tf32_investigation.py"
     # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:

@@ -1,9 +1,8 @@
 """The pytest plugin (tpcheck.pytest_plugin) end to end, in a pytester sandbox.
 
-The ranks are launched by torchrun (TPCHECK_PYTEST_LAUNCHER=torchrun, gloo on the CPU):
-the `python -m tpcheck emulate` launcher of issue 32 is not in this branch, and the plugin
-reaches it only through launch_command(), whose emulate form is checked here as a command
-line, not run (docs/JUDGE.md says what was run by hand).
+The ranks are launched as a user's run launches them: by `python -m tpcheck emulate` (the
+default; the `tpcheck` backend on the CPU), and once more by torchrun
+(TPCHECK_PYTEST_LAUNCHER=torchrun, gloo on the CPU).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def test_plain():
 
 @pytest.fixture
 def sandbox(pytester, monkeypatch):
-    monkeypatch.setenv(pytest_plugin.LAUNCHER_ENV, "torchrun")
+    monkeypatch.delenv(pytest_plugin.LAUNCHER_ENV, raising=False)  # emulate
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
     pytester.makepyfile(test_sandbox=TESTS)
     return pytester
@@ -62,7 +61,10 @@ def test_marker_makes_one_item_per_tp_size_and_k_selects(sandbox):
     r.stdout.fnmatch_lines(["*test_megatron_mlp_ok[[]tp2[]]*", "*1/3 tests collected*"])
 
 
-def test_ranks_run_and_a_rank_failure_is_one_failure_naming_the_rank(sandbox):
+@pytest.mark.parametrize("launcher", ["emulate", "torchrun"])
+def test_ranks_run_and_a_rank_failure_is_one_failure_naming_the_rank(sandbox, monkeypatch, launcher):
+    if launcher == "torchrun":
+        monkeypatch.setenv(pytest_plugin.LAUNCHER_ENV, "torchrun")
     r = sandbox.runpytest_subprocess("-p", "tpcheck.pytest_plugin", "-q")
     r.assert_outcomes(passed=2, failed=1)
     r.stdout.fnmatch_lines(["*rank 1 of 2 failed (call): AssertionError: rank one disagrees*"])
