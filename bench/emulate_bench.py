@@ -128,9 +128,86 @@ def worker(argv):
             # All n ranks share one GPU: the ideal moves every rank's bytes at the copy rate.
             ideal = n * bytes_per_rank / (res["copy_GBps"] * 1e9)
             res[name] = {"ms": t * 1e3, "ideal_ms": ideal * 1e3, "fraction": ideal / t}
+        res["breakdown"] = breakdown(a, dev, src, out_ag, out_rs, copy_s)
     if r == 0:
         print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
+
+
+def breakdown(a, dev, src, out_ag, out_rs, copy_s):
+    """Where a 64 MiB collective's time goes: the same call on 1024 elements (what a call
+    costs whatever its size: the records' rounds, event waits, launches), and the reduction
+    kernel alone moving every rank's bytes (all 8 ranks' kernels as one, on rank 0, the
+    others waiting). Times in ms."""
+    import torch
+    import torch.distributed as dist
+
+    from tpcheck import _tpcheck
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    small = src[:1024].clone()
+    small_ag = torch.empty(1024 * n, device=dev, dtype=src.dtype)
+    small_rs = torch.empty(1024 // n, device=dev, dtype=src.dtype)
+    out = {"copy_ms": copy_s * 1e3}
+    for name, fn in (("all_reduce", lambda: dist.all_reduce(small)),
+                     ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(small_rs, small)),
+                     ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(small_ag, small))):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        out[f"{name} 1024 elements"] = (time.perf_counter() - t0) / 100 * 1e3
+        # TPCHECK_BENCH_PROFILE=FILE: rank 0's Python profile of 100 more calls, appended
+        profile_to = os.environ.get("TPCHECK_BENCH_PROFILE")
+        if profile_to:
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            if r == 0:
+                prof.enable()
+            for _ in range(100):
+                fn()
+            torch.cuda.synchronize()
+            if r == 0:
+                prof.disable()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+                with open(profile_to, "a") as f:
+                    f.write(f"==== {name}, 1024 elements, TP {n}, 100 calls\n{text.getvalue()}\n")
+            dist.barrier()
+    if r == 0:
+        count = src.numel()
+        ins = [src] + [torch.randn(count, device=dev).bfloat16() for _ in range(n - 1)]
+        outs = [torch.empty_like(src) for _ in range(n)]
+        stream = torch.cuda.current_stream().cuda_stream
+        kernels = {
+            # every rank's in-place all-reduce share together: read N inputs, write N outputs
+            "all_reduce kernel": lambda: _tpcheck.ring_fold_cuda(
+                [x.data_ptr() for x in ins], outs[0].data_ptr(), count, "bf16", -1, 0, count,
+                stream, dev.index, extra_outs=[o.data_ptr() for o in outs[1:]]),
+            # every rank's reduce-scatter block together: read N inputs, write one
+            "reduce_scatter kernel": lambda: _tpcheck.ring_fold_cuda(
+                [x.data_ptr() for x in ins], outs[0].data_ptr(), count, "bf16", 1, 0, count,
+                stream, dev.index),
+        }
+        for name, fn in kernels.items():
+            fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(a.iters):
+                fn()
+            torch.cuda.synchronize()
+            out[name] = (time.perf_counter() - t0) / a.iters * 1e3
+        del ins, outs
+    dist.barrier()
+    return out
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -203,6 +280,7 @@ def collectives(a):
             c = res[name]
             print(f"| {name} | {n} | {c['ms']:.2f} | {c['ideal_ms']:.2f} | {c['fraction']:.2f} |")
         print(f"| (copy bandwidth {res['copy_GBps']:.0f} GB/s, read + write) | {n} | | | |")
+        print(f"\nTP {n} breakdown (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in res["breakdown"].items()))
 
 
 def launch_overhead():

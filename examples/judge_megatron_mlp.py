@@ -98,7 +98,7 @@ def main() -> None:
     x = torch.randn(a.tokens, a.hidden, device=device)
     dy = torch.randn(a.tokens, a.hidden, device=device)
     AllReduceForward.drop = a.bug
-    times = []
+    times, phases = [], []
     for _ in range(max(1, a.repeat)):
         # timed from a common start until every rank has its report (rank 0 does the
         # unsharded run, the truth and the judging; the others wait for its verdicts)
@@ -109,6 +109,7 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        phases.append(report.seconds)
     if dist.get_rank() == 0:
         for e in report.entries:
             (policy, v), = e["verdicts"].items()
@@ -117,6 +118,8 @@ def main() -> None:
               f"with its probe and the judging on rank 0; gathering; TP {dist.get_world_size()})")
         for i, t in enumerate(times[1:], start=2):
             print(f"compare_tp call {i}: {t:.2f} s")
+        for i, p in enumerate(phases, start=1):  # where the time went, on the judging rank
+            print(f"compare_tp call {i} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in p.items()))
         print(f"error model: {report.error_model}")
     ok = report.passed
     dist.destroy_process_group()

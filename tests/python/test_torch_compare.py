@@ -189,6 +189,22 @@ def test_one_rank_copy_passes_truth_and_bitwise(one_rank_group):
     assert "<table" in report.to_html()
 
 
+def test_the_report_times_each_phase(one_rank_group):
+    """report.seconds: the judging rank's phases, in order, summing to the total."""
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    phases = ["checks", "inputs and parameters", "sharded run and gathers", "collecting",
+              "unsharded run", "truth", "judging"]
+    assert list(report.seconds) == phases + ["total"]
+    assert all(v >= 0 for v in report.seconds.values())
+    assert sum(report.seconds[p] for p in phases) == pytest.approx(report.seconds["total"], abs=1e-3)
+    assert report.to_dict()["seconds"] == report.seconds
+    # the bitwise policy needs no truth: no truth phase
+    again = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, policy="bitwise")
+    assert "truth" not in again.seconds and "judging" in again.seconds
+
+
 def test_a_wrong_gradient_fails_with_its_name(one_rank_group):
     single, sharded = _mlp(), _mlp()
     x, dy = torch.randn(4, 8), torch.randn(4, 8)

@@ -89,6 +89,7 @@ class CudaExchange:
         self._peer_done: dict[int, list[str]] = {}  # peer rank -> its done-event handles
         self._mine: list[torch.Tensor] = []  # this rank's tensors of the current collective
         self._no_export = False  # set when the allocator's memory has no IPC handle
+        self._event_handles: dict | None = None  # _events' constant part
 
     # ---- writing ---------------------------------------------------------------------------
     def _buffer(self, which: int, need: int) -> torch.Tensor:
@@ -132,10 +133,13 @@ class CudaExchange:
             return self._put(seq, tensors, scale, results)
 
     def _events(self, which: int) -> dict:
-        return {"cuda": True, "pid": os.getpid(), "dev": self._dev.index, "which": which,
+        if self._event_handles is None:  # an event's IPC handle never changes: asked once
+            self._event_handles = {
+                "cuda": True, "pid": os.getpid(), "dev": self._dev.index,
                 "ready": [_b64(e.ipc_handle()) for e in self._ready],
                 "reduced": [_b64(e.ipc_handle()) for e in self._reduced],
                 "done": [_b64(e.ipc_handle()) for e in self._done]}
+        return dict(self._event_handles, which=which)
 
     def _export(self, seq: int, tensors: list[torch.Tensor]) -> dict | None:
         """Zero copy: the peers read (and the in-place all-reduce writes) the caller's

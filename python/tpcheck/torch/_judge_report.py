@@ -37,18 +37,21 @@ class TPReport:
         self.tp_size = tp_size
         self.error_model = error_model
         self.entries: list[dict[str, Any]] = []
+        # wall seconds of compare_tp's phases on the judging rank (the group's rank 0)
+        self.seconds: dict[str, float] = {}
         self.raw: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name → (single, sharded)
 
     def shared(self) -> dict[str, Any]:
         """What every rank's report holds (plain Python: sent with an object collective)."""
         return {"policy": self.policy, "tp_size": self.tp_size, "error_model": self.error_model,
-                "entries": self.entries}
+                "entries": self.entries, "seconds": self.seconds}
 
     @classmethod
     def from_shared(cls, shared: dict[str, Any], rank: int) -> "TPReport":
         """Rank `rank`'s report from the judging rank's `shared()` (raw stays empty)."""
         report = cls(shared["policy"], rank, shared["tp_size"], shared["error_model"])
         report.entries = shared["entries"]
+        report.seconds = shared.get("seconds", {})
         return report
 
     def add_parameter_check(self, name: str, single: torch.Tensor, gathered: torch.Tensor,
@@ -121,7 +124,7 @@ class TPReport:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "tpcheck.compare_tp/1", "policy": self.policy, "rank": self.rank,
                 "tp_size": self.tp_size, "passed": self.passed, "error_model": self.error_model,
-                "tensors": self.entries}
+                "tensors": self.entries, "seconds": self.seconds}
 
     def to_json(self, indent: Optional[int] = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)

@@ -22,6 +22,7 @@ every rank instead of leaving the others waiting in a collective.
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Any, Mapping, Optional
 
 import torch
@@ -35,6 +36,23 @@ from ._judge_report import TPReport
 from .truth import TorchTruth, truth as torch_truth
 
 __all__ = ["compare_tp", "TPReport"]
+
+
+class _Clock:
+    """Wall seconds of compare_tp's phases, for the report's `seconds` (host time: a phase
+    that ends in a collective or a verdict read back includes its GPU work)."""
+
+    def __init__(self):
+        self._start = self._last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - self._last, 4)
+        self._last = now
+
+    def done(self) -> dict[str, float]:
+        return dict(self.seconds, total=round(self._last - self._start, 4))
 
 
 def _policies() -> list[str]:
@@ -345,6 +363,7 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     single's, inputs on different devices, buffers changed in forward, names in `shards`
     that match no parameter, ranks called with different inputs or options.
     """
+    clock = _Clock()
     g = _Group(group)
     group = g.group
     if isinstance(args, torch.Tensor):
@@ -383,6 +402,7 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     exchanged = g.all_objects((_portable(err), signature))
     _raise_first(g, err, [e for e, _ in exchanged])
     _check_same_call([s for _, s in exchanged])
+    clock.lap("checks")
 
     # 2. Collectives over the arguments: the inputs must be rank 0's bit for bit (its
     # unsharded run stands for every rank's); the parameters gathered into full tensors.
@@ -412,6 +432,7 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
         if g.judging:  # the others need the gathers only as collectives
             gathered_params[k] = full
     _agree(g, err)
+    clock.lap("inputs and parameters")
 
     # 3. Every rank: the sharded run, traced, and the gathers of its outputs and gradients.
     # An error is kept (not raised) so that this rank still answers step 4's gather.
@@ -464,6 +485,7 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
         err = e
     if not g.judging:
         sharded_full.clear()   # rank 0 has every gathered tensor; free this rank's
+    clock.lap("sharded run and gathers")
 
     # 4. Rank 0 collects every rank's errors, traces and differing copies, judges, and
     # sends the outcome (the report's shared part, or the first error) to every rank.
@@ -477,10 +499,12 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
             outcome = ("error", first, errors[first])
         else:
             try:
+                clock.lap("collecting")
                 report = _judge(g, single, args, kwargs, names, grad_output, policy, n, device,
                                 want_trace, single_names, specs, gathered_params, sharded_full,
                                 payloads, check_parameters, truth, probe, math, unit_roundoff,
-                                reduction_length, multiplier, floor_factor)
+                                reduction_length, multiplier, floor_factor, clock)
+                report.seconds = clock.done()
                 outcome = ("report", report.shared())
             except Exception as e:
                 err = e
@@ -494,7 +518,7 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
 def _judge(g: _Group, single, args, kwargs, names, grad_output, policy, n, device, want_trace,
            single_names, specs, gathered_params, sharded_full, payloads, check_parameters,
            truth, probe, math, unit_roundoff, reduction_length, multiplier,
-           floor_factor) -> TPReport:
+           floor_factor, clock) -> TPReport:
     """Rank 0's part: the unsharded run, the truth, and every verdict."""
     single_before = _buffers(single)
     for p in single.parameters():
@@ -503,6 +527,7 @@ def _judge(g: _Group, single, args, kwargs, names, grad_output, policy, n, devic
     with GemmTrace(want_trace, device) as tr:
         single_out, _ = _run(single, s_args, s_kwargs, grad_output, {}, g.group, sharded=False)
     _check_buffers_unchanged("unsharded", single, single_before)
+    clock.lap("unsharded run")
 
     tensors: dict[str, tuple[str, torch.Tensor, torch.Tensor]] = {}
     for k, v in single_out.items():
@@ -525,6 +550,7 @@ def _judge(g: _Group, single, args, kwargs, names, grad_output, policy, n, devic
 
     if policy == "truth" and truth is None:
         truth = torch_truth(single, *args, grad_output=grad_output, probe=probe, **kwargs)
+        clock.lap("truth")
     traces = [tr.summary()] + [p["trace"] for p in payloads if p["trace"] is not None]
     traced_calls = sum(t["calls"] for t in traces)
     classes = sorted({c for t in traces for c in t["classes"]})
@@ -560,4 +586,5 @@ def _judge(g: _Group, single, args, kwargs, names, grad_output, policy, n, devic
         for r, c in copies.get(f"t:{k}", []):
             report.judge(f"{k} (rank {r}'s copy)", kind, s, c, t, nz,
                          extra={"rank": r, "copy_of": k}, **model)
+    clock.lap("judging")
     return report
