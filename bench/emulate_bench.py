@@ -13,7 +13,9 @@ Prints a markdown table (date, GPU, commit) to append to bench/RESULTS.md:
   2. all_reduce / reduce_scatter_tensor / all_gather_into_tensor of 64 MiB bf16 per rank at
      TP N on one GPU against the memory-bound ideal: every rank's input read once and
      output written once, at the device copy bandwidth measured in the same run
-     (a 64 MiB copy_, read + write bytes / time). Goal: >= 50 %.
+     (a 64 MiB copy_, read + write bytes / time). Goal: >= 50 %. With a breakdown: each
+     collective's per-call cost on 1024 elements, and the reduction kernel alone moving
+     the same bytes (TPCHECK_BENCH_PROFILE=FILE: rank 0's Python profile of the small calls).
   3. launch overhead: `emulate -n 8 -- python -c "import torch.distributed"` against
      `torchrun --nproc-per-node 8` of the same (a file). Goal: within 1.2x.
 The worker half of this file runs inside the launched ranks (`--worker ...`).
@@ -128,13 +130,13 @@ def worker(argv):
             # All n ranks share one GPU: the ideal moves every rank's bytes at the copy rate.
             ideal = n * bytes_per_rank / (res["copy_GBps"] * 1e9)
             res[name] = {"ms": t * 1e3, "ideal_ms": ideal * 1e3, "fraction": ideal / t}
-        res["breakdown"] = breakdown(a, dev, src, out_ag, out_rs, copy_s)
+        res["breakdown"] = breakdown(a, dev, src, copy_s)
     if r == 0:
         print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
 
 
-def breakdown(a, dev, src, out_ag, out_rs, copy_s):
+def breakdown(a, dev, src, copy_s):
     """Where a 64 MiB collective's time goes: the same call on 1024 elements (what a call
     costs whatever its size: the records' rounds, event waits, launches), and the reduction
     kernel alone moving every rank's bytes (all 8 ranks' kernels as one, on rank 0, the

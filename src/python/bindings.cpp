@@ -11,11 +11,15 @@
 //   make_nccl_id(), set_process_nccl_id(bytes)   the NCCL id through torchrun's store
 //   ipc_alloc/ipc_open/ipc_close/ipc_free, cuda_bytes   CUDA IPC buffers of `tpcheck
 //                       emulate`'s CUDA exchange (cuda_ipc.cpp)
+//   probe_factors_into(address, first, count, u, seed)
+//                       the rounding probe's factors (random_math::probe_factor, the one
+//                       definition) for stream positions first.. into a CPU float64 buffer
 //   trace_ledger(logs, pid, query), trace_summary(ledger), trace_diff(a, b)
 //                       tpcheck.trace(): cuBLASLt logs → a ledger (tpcheck.trace/1), its
 //                       summary and the difference of two, through the forensics parser
 // Errors: tpcheck's Error(kInput) → ValueError, other Errors → RuntimeError; bad arrays
 // → TypeError / ValueError (dlpack.h). Long work runs with the GIL released.
+#include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -25,11 +29,13 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <sstream>
 
+#include "core/random_math.h"
 #include "python/dlpack.h"
 #include "python/truth.h"
 #include "tpcheck/cli.h"
@@ -357,6 +363,23 @@ std::pair<std::string, bool> trace_diff(const std::string& a_json, const std::st
   return {format_cublaslt_diff(d, label_a, label_b), d.any()};
 }
 
+// Writes count factors, for stream positions first, first + 1, ..., into the float64
+// buffer at `address` (a CPU tensor's data_ptr, owned by the caller).
+void probe_factors_into(std::uintptr_t address, std::int64_t first, std::int64_t count, double u,
+                        std::uint64_t seed) {
+  if (first < 1 || count < 0) {
+    throw nb::value_error(
+        fmt::format("probe_factors_into: positions {}..{}; expected first >= 1, count >= 0",
+                    first, first + count - 1)
+            .c_str());
+  }
+  if (count > 0 && address == 0) throw nb::value_error("probe_factors_into: address 0");
+  double* out = reinterpret_cast<double*>(address);
+  nb::gil_scoped_release unlocked;
+  for (std::int64_t i = 0; i < count; ++i)
+    out[i] = random_math::probe_factor(u, seed, static_cast<std::uint64_t>(first + i));
+}
+
 double math_class_u(const std::string& name) {
   return math_class_unit_roundoff(parse_math_class(name));
 }
@@ -400,6 +423,8 @@ NB_MODULE(_tpcheck, m) {
         "name"_a, "Unit roundoff of a storage dtype ('f32', 'bf16', ...).");
   m.def("math_class_unit_roundoff", &math_class_u, "name"_a,
         "Unit roundoff of a GEMM math class ('fp32', 'tf32', 'bf16', 'fp16', 'fp64').");
+  m.def("probe_factors_into", &probe_factors_into, "address"_a, "first"_a, "count"_a, "u"_a,
+        "seed"_a, "The rounding probe's factors for positions first.. into a CPU float64 buffer.");
   m.def("trace_ledger", &trace_ledger, "logs"_a, "pid"_a, "query"_a,
         "cuBLASLt log files → a trace ledger (JSON, schema tpcheck.trace/1).");
   m.def("trace_summary", &trace_summary, "ledger"_a,

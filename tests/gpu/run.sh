@@ -345,6 +345,7 @@ if has emulate; then
     # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
     timed "emulate: bench, TP 8" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8
     timed "emulate: bench, TP 8, --mps" emulate_bench_mps.log \
+      env TPCHECK_BENCH_PROFILE="$out/emulate_bench_mps_profile.txt" \
       python3 "$root/bench/emulate_bench.py" --tp 8 --mps --parts mlp coll
     timed "compare_tp: bench, TP 2 and 8, --mps" compare_bench.log \
       python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3 --mps

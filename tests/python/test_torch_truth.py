@@ -41,6 +41,29 @@ def test_probe_factors_are_the_cxx_stream():
     assert r.min() >= -1 and r.max() < 1 and abs(float(r.mean())) < 0.05
 
 
+def test_the_torch_factors_of_the_gpu_path_equal_the_cxx_ones():
+    """_compute_torch (what a GPU runs) against the C++ function (what the CPU runs) and the
+    formula in Python integers, with a seed past 2^63 (the int64 wrap and masked shifts)."""
+    from tpcheck.torch._judge_probe import _compute, _compute_torch
+
+    for seed, first in ((99, 1), ((1 << 64) - 5, 123456789), (1 << 63, 1 << 40)):
+        cxx = _compute(PROBE_U, seed, first, 3000, "cpu")
+        assert torch.equal(_compute_torch(PROBE_U, seed, first, 3000, "cpu"), cxx)
+        for i in (0, 1, 1234, 2999):
+            assert float(cxx[i]) == probe_factor_reference(PROBE_U, seed, first + i)
+
+
+def test_the_factor_cache_grows_by_its_missing_tail(monkeypatch):
+    from tpcheck.torch import _judge_probe as jp
+
+    monkeypatch.setattr(jp, "_cache", {})
+    small = jp.probe_factors(PROBE_U, 5, 1, 10).clone()  # fills 1 << 16 positions
+    grown = jp.probe_factors(PROBE_U, 5, 70000, 100000)    # past them: appended
+    assert jp._cache[(PROBE_U, 5, "cpu")].numel() >= 169999
+    assert torch.equal(small, jp._compute(PROBE_U, 5, 1, 10, "cpu"))
+    assert torch.equal(grown, jp._compute(PROBE_U, 5, 70000, 100000, "cpu"))
+
+
 class Block(torch.nn.Module):
     """LayerNorm → Linear → GELU → Linear, with a residual: enough op kinds to matter."""
 

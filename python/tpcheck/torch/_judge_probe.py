@@ -11,9 +11,12 @@ The C++ side computes, for stream position `counter` (>= 1),
     r = (z >> 11) · 2^-52 − 1
     factor = u · r + 1                                 (two roundings)
 
-torch has no unsigned 64-bit arithmetic on every device, so this runs on int64: addition
-and multiplication wrap identically in two's complement, and a logical right shift is an
-arithmetic shift masked to the bits that came from the word.
+On the CPU the C++ function itself fills the tensor (_tpcheck.probe_factors_into: one
+definition, a few ns per factor). On a GPU torch computes it on the device: torch has no
+unsigned 64-bit arithmetic on every device, so this runs on int64: addition and
+multiplication wrap identically in two's complement, and a logical right shift is an
+arithmetic shift masked to the bits that came from the word (test_torch_truth.py checks both
+against the formula written out in Python integers).
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
 
 
 # Every probed run starts its stream at position 1, so the factors of one (u, seed, device)
-# are the same tensor prefix in every run: computing them costs ~20 int64 passes per element
-# (about 0.3 s per million on a 2-core CPU), reading them from the cache one copy. The
-# cache keeps the first CACHE_LIMIT positions per (u, seed, device).
+# are the same tensor prefix in every run: the cache keeps the first CACHE_LIMIT positions
+# per (u, seed, device), grown by appending the missing positions.
 CACHE_LIMIT = 1 << 24
 _cache: dict[tuple, torch.Tensor] = {}
 
@@ -53,14 +55,26 @@ def probe_factors(u: float, seed: int, first: int, count: int,
         key = (float(u), int(seed), str(torch.device(device)))
         have = _cache.get(key)
         if have is None or have.numel() < end:
-            size = min(CACHE_LIMIT, max(end, 2 * (have.numel() if have is not None else 0), 1 << 16))
-            have = _compute(u, seed, 1, size, device)
+            known = have.numel() if have is not None else 0
+            size = min(CACHE_LIMIT, max(end, 2 * known, 1 << 16))
+            more = _compute(u, seed, known + 1, size - known, device)
+            have = more if have is None else torch.cat([have, more])
             _cache[key] = have
         return have[first - 1:end]
     return _compute(u, seed, first, count, device)
 
 
 def _compute(u: float, seed: int, first: int, count: int, device) -> torch.Tensor:
+    if torch.device(device).type == "cpu":
+        from .. import _tpcheck
+
+        out = torch.empty(count, dtype=torch.float64)
+        _tpcheck.probe_factors_into(out.data_ptr(), first, count, float(u), int(seed) & _MASK64)
+        return out
+    return _compute_torch(u, seed, first, count, device)
+
+
+def _compute_torch(u: float, seed: int, first: int, count: int, device) -> torch.Tensor:
     counters = torch.arange(first, first + count, dtype=torch.int64, device=device)
     z = counters * _signed(_GOLDEN) + _signed(seed)
     z = (z ^ _shr(z, 30)) * _signed(_MUL1)
