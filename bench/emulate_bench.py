@@ -199,14 +199,21 @@ def breakdown(a, dev, src, copy_s):
                 [x.data_ptr() for x in ins], outs[0].data_ptr(), count, "bf16", 1, 0, count,
                 stream, dev.index),
         }
-        for name, fn in kernels.items():
-            fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(a.iters):
+        saved = os.environ.get("TPCHECK_REDUCE_VECTOR")
+        for vector in ("0", "1"):  # the kernel one element per thread, and the vector path
+            os.environ["TPCHECK_REDUCE_VECTOR"] = vector
+            for name, fn in kernels.items():
                 fn()
-            torch.cuda.synchronize()
-            out[name] = (time.perf_counter() - t0) / a.iters * 1e3
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(a.iters):
+                    fn()
+                torch.cuda.synchronize()
+                out[name + (" (vector)" if vector == "1" else "")] = (time.perf_counter() - t0) / a.iters * 1e3
+        if saved is None:
+            del os.environ["TPCHECK_REDUCE_VECTOR"]
+        else:
+            os.environ["TPCHECK_REDUCE_VECTOR"] = saved
         del ins, outs
     dist.barrier()
     return out
