@@ -36,6 +36,26 @@ HERE = os.path.abspath(__file__)
 
 
 # ---- worker (inside a rank) --------------------------------------------------------------------
+def seconds_per_call(fn, iters, warmup=1, group=True):
+    """Wall seconds per call of fn over `iters` calls after `warmup`, the GPU synchronized
+    at both ends; with `group`, every rank starts and ends together (a barrier each side)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if group:
+        dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    if group:
+        dist.barrier()
+    return (time.perf_counter() - t0) / iters
+
+
 def worker(argv):
     import torch
     import torch.distributed as dist
@@ -89,26 +109,12 @@ def worker(argv):
                 else:
                     dist.all_reduce(xf.grad)
 
-        for _ in range(2):
-            step()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            step()
-        torch.cuda.synchronize()
-        dist.barrier()
-        res["step_ms"] = (time.perf_counter() - t0) / a.iters * 1e3
+        res["step_ms"] = seconds_per_call(step, a.iters, warmup=2) * 1e3
     else:
         count = a.mib * (1 << 20) // 2
         src = torch.randn(count, device=dev).bfloat16()
         dst = torch.empty_like(src)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-        copy_s = (time.perf_counter() - t0) / a.iters
+        copy_s = seconds_per_call(lambda: dst.copy_(src), a.iters, warmup=0, group=False)
         res["copy_GBps"] = 2 * src.numel() * 2 / copy_s / 1e9  # read + write
         out_ag = torch.empty(count * n, device=dev, dtype=src.dtype)
         out_rs = torch.empty(count // n, device=dev, dtype=src.dtype)
@@ -118,15 +124,7 @@ def worker(argv):
             "all_gather_into_tensor": (lambda: dist.all_gather_into_tensor(out_ag, src), count * 2 + n * count * 2),
         }
         for name, (fn, bytes_per_rank) in colls.items():
-            fn()
-            torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(a.iters):
-                fn()
-            torch.cuda.synchronize()
-            dist.barrier()
-            t = (time.perf_counter() - t0) / a.iters
+            t = seconds_per_call(fn, a.iters)
             # All n ranks share one GPU: the ideal moves every rank's bytes at the copy rate.
             ideal = n * bytes_per_rank / (res["copy_GBps"] * 1e9)
             res[name] = {"ms": t * 1e3, "ideal_ms": ideal * 1e3, "fraction": ideal / t}
@@ -154,16 +152,7 @@ def breakdown(a, dev, src, copy_s):
     for name, fn in (("all_reduce", lambda: dist.all_reduce(small)),
                      ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(small_rs, small)),
                      ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(small_ag, small))):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        out[f"{name} 1024 elements"] = (time.perf_counter() - t0) / 100 * 1e3
+        out[f"{name} 1024 elements"] = seconds_per_call(fn, 100, warmup=5) * 1e3
         # TPCHECK_BENCH_PROFILE=FILE: rank 0's Python profile of 100 more calls, appended
         profile_to = os.environ.get("TPCHECK_BENCH_PROFILE")
         if profile_to:
@@ -203,13 +192,8 @@ def breakdown(a, dev, src, copy_s):
         for vector in ("0", "1"):  # the kernel one element per thread, and the vector path
             os.environ["TPCHECK_REDUCE_VECTOR"] = vector
             for name, fn in kernels.items():
-                fn()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(a.iters):
-                    fn()
-                torch.cuda.synchronize()
-                out[name + (" (vector)" if vector == "1" else "")] = (time.perf_counter() - t0) / a.iters * 1e3
+                out[name + (" (vector)" if vector == "1" else "")] = \
+                    seconds_per_call(fn, a.iters, group=False) * 1e3
         if saved is None:
             del os.environ["TPCHECK_REDUCE_VECTOR"]
         else:
