@@ -14,8 +14,10 @@ Prints a markdown table (date, GPU, commit) to append to bench/RESULTS.md:
      TP N on one GPU against the memory-bound ideal: every rank's input read once and
      output written once, at the device copy bandwidth measured in the same run
      (a 64 MiB copy_, read + write bytes / time). Goal: >= 50 %. With a breakdown: each
-     collective's per-call cost on 1024 elements, and the reduction kernel alone moving
-     the same bytes (TPCHECK_BENCH_PROFILE=FILE: rank 0's Python profile of the small calls).
+     collective's per-call cost on 1024 elements, the reduction kernel alone moving the
+     same bytes, and the host's time to issue the 64 MiB calls next to their synchronized
+     time (TPCHECK_BENCH_PROFILE=FILE: rank 0's Python profile of the small and the large
+     calls).
   3. launch overhead: `emulate -n 8 -- python -c "import torch.distributed"` against
      `torchrun --nproc-per-node 8` of the same (a file). Goal: within 1.2x.
 The worker half of this file runs inside the launched ranks (`--worker ...`).
@@ -114,7 +116,13 @@ def worker(argv):
         count = a.mib * (1 << 20) // 2
         src = torch.randn(count, device=dev).bfloat16()
         dst = torch.empty_like(src)
-        copy_s = seconds_per_call(lambda: dst.copy_(src), a.iters, warmup=0, group=False)
+        # The copy bandwidth of the GPU alone: rank 0 copies while the others wait (ranks
+        # that copy at once under MPS share the bandwidth and would halve the figure).
+        dist.barrier()
+        copy_s = float("nan")
+        if r == 0:
+            copy_s = seconds_per_call(lambda: dst.copy_(src), 4 * a.iters, warmup=3, group=False)
+        dist.barrier()
         res["copy_GBps"] = 2 * src.numel() * 2 / copy_s / 1e9  # read + write
         out_ag = torch.empty(count * n, device=dev, dtype=src.dtype)
         out_rs = torch.empty(count // n, device=dev, dtype=src.dtype)
@@ -129,6 +137,7 @@ def worker(argv):
             ideal = n * bytes_per_rank / (res["copy_GBps"] * 1e9)
             res[name] = {"ms": t * 1e3, "ideal_ms": ideal * 1e3, "fraction": ideal / t}
         res["breakdown"] = breakdown(a, dev, src, copy_s)
+        res["breakdown"].update(host_side(a, colls))
     if r == 0:
         print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
@@ -189,10 +198,10 @@ def breakdown(a, dev, src, copy_s):
                 stream, dev.index),
         }
         saved = os.environ.get("TPCHECK_REDUCE_VECTOR")
-        for vector in ("0", "1"):  # the kernel one element per thread, and the vector path
+        for vector in ("1", "0"):  # the vector path (default), and one element per thread
             os.environ["TPCHECK_REDUCE_VECTOR"] = vector
             for name, fn in kernels.items():
-                out[name + (" (vector)" if vector == "1" else "")] = \
+                out[name + (" (scalar)" if vector == "0" else "")] = \
                     seconds_per_call(fn, a.iters, group=False) * 1e3
         if saved is None:
             del os.environ["TPCHECK_REDUCE_VECTOR"]
@@ -200,6 +209,48 @@ def breakdown(a, dev, src, copy_s):
             os.environ["TPCHECK_REDUCE_VECTOR"] = saved
         del ins, outs
     dist.barrier()
+    return out
+
+
+def host_side(a, colls):
+    """Whether the 64 MiB calls are host-bound: the host's time to issue `iters` calls
+    (from a common start until this rank's last call returns, no synchronization in
+    between) next to the synchronized time per call; and, with TPCHECK_BENCH_PROFILE, rank
+    0's profile of those calls (a CUDA call that blocks shows as its own time there)."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    profile_to = os.environ.get("TPCHECK_BENCH_PROFILE")
+    for name, (fn, _) in colls.items():
+        fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        prof = None
+        if profile_to and dist.get_rank() == 0:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            fn()
+        issued = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        done = time.perf_counter() - t0
+        if prof is not None:
+            import io
+            import pstats
+
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            with open(profile_to, "a") as f:
+                f.write(f"==== {name}, 64 MiB, TP {dist.get_world_size()}, {a.iters} calls\n"
+                        f"{text.getvalue()}\n")
+        out[f"{name} 64 MiB issued"] = issued / a.iters * 1e3
+        out[f"{name} 64 MiB done"] = done / a.iters * 1e3
+        dist.barrier()
     return out
 
 
