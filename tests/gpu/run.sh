@@ -325,23 +325,24 @@ if has emulate; then
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     timed "emulate: every collective, cuda, TP 8, --mps" emulate_collectives_mps.log \
       python3 -m tpcheck emulate -n 8 --mps -- "$root/tests/python/emulate_workers/collectives.py" --cuda
-    # The reduction kernel's vector path (opt-in until these pass): bits at TP 8 under MPS
-    # (zero copy, the in-place all-reduce) and TP 4 split, and the C++ device group's test.
-    timed "emulate: every collective, cuda, TP 8, --mps, vector kernel" emulate_collectives_vector.log \
-      env TPCHECK_REDUCE_VECTOR=1 python3 -m tpcheck emulate -n 8 --mps -- \
+    # The reduction kernel one element at a time (TPCHECK_REDUCE_VECTOR=0; the vector path is
+    # the default above): bits at TP 8 under MPS (zero copy, the in-place all-reduce) and TP
+    # 4 split, and the C++ device group's test.
+    timed "emulate: every collective, cuda, TP 8, --mps, scalar kernel" emulate_collectives_scalar.log \
+      env TPCHECK_REDUCE_VECTOR=0 python3 -m tpcheck emulate -n 8 --mps -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
-    timed "emulate: every collective, cuda, TP 4 split, vector kernel" emulate_collectives_vector_split.log \
-      env TPCHECK_REDUCE_VECTOR=1 TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 -- \
+    timed "emulate: every collective, cuda, TP 4 split, scalar kernel" emulate_collectives_scalar_split.log \
+      env TPCHECK_REDUCE_VECTOR=0 TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     if [ -x "$root/.devrun/tests/comm_ring_test" ]; then
-      timed "device group ring test, vector kernel" comm_ring_vector.log \
-        env TPCHECK_REDUCE_VECTOR=1 "$root/.devrun/tests/comm_ring_test"
+      timed "device group ring test, scalar kernel" comm_ring_scalar.log \
+        env TPCHECK_REDUCE_VECTOR=0 "$root/.devrun/tests/comm_ring_test"
     fi
     timed "emulate: every collective, cuda, TP 3, rank order" emulate_collectives_rank.log \
       python3 -m tpcheck emulate -n 3 --comm-order rank -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     for f in emulate_collectives_split emulate_collectives_zc emulate_collectives_mps emulate_collectives_rank \
-             emulate_collectives_vector emulate_collectives_vector_split; do
+             emulate_collectives_scalar emulate_collectives_scalar_split; do
       grep -E "ALL OK|Error|error" "$out/$f.log" | head -5 >>"$out/failures.txt"
     done
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \

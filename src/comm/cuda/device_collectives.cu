@@ -151,12 +151,12 @@ __global__ void reduce_contiguous_kernel(Inputs in, Outputs extra, int world, Re
   }
 }
 
-// The vector path is opt-in (TPCHECK_REDUCE_VECTOR=1) until it has run bit for bit
-// against the host model on a GPU (tests/gpu/run.sh emulate runs both paths); read at each
-// launch, so one process can time both.
+// TPCHECK_REDUCE_VECTOR=0 keeps every launch on reduce_kernel: tests/gpu/run.sh emulate
+// checks both paths' bits and bench/emulate_bench.py times both. Read at each launch, so
+// one process can time both.
 bool vector_path_enabled() {
   const char* v = std::getenv("TPCHECK_REDUCE_VECTOR");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return v == nullptr || !(v[0] == '0' && v[1] == '\0');
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }

@@ -14,9 +14,9 @@
 //   kRankSum  x_0 + x_1 + ... in f32 (f64 for f64), rounded once to T.
 //   kRingMax  fmax (a NaN loses to a number), as NCCL.
 //   kRankMax  max with NaN propagating, as the CPU thread group.
-// With TPCHECK_REDUCE_VECTOR=1 (opt-in: not yet run on a GPU), a contiguous
-// src(j) = src(0) + j with 16-byte aligned buffers runs 16 bytes per thread and step (vector
-// loads and stores, the same per-element arithmetic); otherwise one element at a time.
+// A contiguous src(j) = src(0) + j with 16-byte aligned buffers runs 16 bytes per thread
+// and step (vector loads and stores, the same per-element arithmetic; TPCHECK_REDUCE_VECTOR=0
+// turns it off); otherwise one element at a time.
 // Thread safety: launches on the given stream.
 #pragma once
 
