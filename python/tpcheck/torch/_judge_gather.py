@@ -11,6 +11,7 @@ Anything else is replicated: the rank holds the whole tensor.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,11 +30,11 @@ class ShardSpec:
 
 
 def is_dtensor(t: object) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without DTensor
-        return False
-    return isinstance(t, DTensor)
+    # No DTensor exists before its module is imported, and importing it pulls in sympy and
+    # torch._dynamo (seconds, once per process): a module without DTensors never pays it.
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def spec_of_parameter(name: str, p: torch.Tensor, shards: dict) -> ShardSpec:
