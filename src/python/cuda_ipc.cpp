@@ -6,11 +6,11 @@
 //   ipc_open(handle, device) -> address
 //       Maps a peer's allocation (its handle) into this process; `device` is the GPU the
 //       allocation is on (cudaIpcMemLazyEnablePeerAccess: another current GPU may read it).
-//   ipc_export(address, device) -> (handle, offset)
+//   ipc_export(address, device) -> (handle, offset, size)
 //       The IPC handle of the allocation that holds `address` — memory another allocator
-//       made with cudaMalloc, e.g. a tensor of torch's caching allocator — and the address's
-//       offset in it, so that peers read and write the tensor in place (ipc_open maps the
-//       whole allocation). The allocation's start comes from the driver's
+//       made with cudaMalloc, e.g. a tensor of torch's caching allocator — the address's
+//       offset in it and the allocation's size, so that peers read and write the tensor in
+//       place (ipc_open maps the whole allocation; a peer views it once, whole). The allocation's start comes from the driver's
 //       cuMemGetAddressRange, looked up in libcuda at run time (the extension does not link
 //       the driver, so it imports on machines without one). Memory from cuMemCreate (torch's
 //       expandable segments) has no such handle: RuntimeError, and the caller stages.
@@ -39,11 +39,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #ifdef TPCHECK_HAVE_CUDA
@@ -171,7 +173,8 @@ AddressRangeFn address_range_fn() {
 }
 #endif
 
-std::pair<nb::bytes, std::int64_t> ipc_export(std::uintptr_t address, int device) {
+std::tuple<nb::bytes, std::int64_t, std::int64_t> ipc_export(std::uintptr_t address,
+                                                               int device) {
 #ifdef TPCHECK_HAVE_CUDA
   if (address == 0) throw nb::value_error("ipc_export: address 0");
   const AddressRangeFn range = address_range_fn();
@@ -180,10 +183,10 @@ std::pair<nb::bytes, std::int64_t> ipc_export(std::uintptr_t address, int device
   }
   cudaIpcMemHandle_t handle;
   unsigned long long base = 0;
+  std::size_t size = 0;
   {
     nb::gil_scoped_release unlocked;
     DeviceScope scope("ipc_export", device);
-    std::size_t size = 0;
     const int rc = range(&base, &size, address);
     if (rc != 0) {
       throw std::runtime_error(fmt::format(
@@ -194,7 +197,7 @@ std::pair<nb::bytes, std::int64_t> ipc_export(std::uintptr_t address, int device
           "cudaIpcGetMemHandle", device);
   }
   return {nb::bytes(reinterpret_cast<const char*>(&handle), kHandleBytes),
-          static_cast<std::int64_t>(address - base)};
+          static_cast<std::int64_t>(address - base), static_cast<std::int64_t>(size)};
 #else
   (void)address, (void)device;
   throw std::runtime_error("ipc_export: this tpcheck was built without CUDA");
@@ -256,7 +259,8 @@ void tpcheck_register_cuda_ipc(nb::module_& m) {
   m.def("ipc_open", &ipc_open, "handle"_a, "device"_a,
         "Maps a peer process's allocation (its IPC handle) here; its address.");
   m.def("ipc_export", &ipc_export, "address"_a, "device"_a,
-        "The IPC handle of the cudaMalloc allocation holding address, and the offset in it.");
+        "The IPC handle of the cudaMalloc allocation holding address, the offset in it and "
+        "its size.");
   m.def("ipc_close", &ipc_close, "address"_a, "device"_a, "Unmaps what ipc_open mapped.");
   m.def("ipc_free", &ipc_free, "address"_a, "device"_a, "Frees what ipc_alloc allocated.");
   // rv_policy::reference: nanobind copies an ndarray without an owner under the default

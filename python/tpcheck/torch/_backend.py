@@ -38,7 +38,7 @@ from torch.distributed import ReduceOp
 from torch.futures import Future
 
 from .._emulate import mark_initialized, read_events
-from ._records import FLAG_DONE, FLAG_REDUCED
+from ._records import FLAG_DONE, FLAG_REDUCED, decode_record, encode_record
 from ._shm import ShmExchange
 
 
@@ -271,11 +271,11 @@ class TpcheckProcessGroup(dist.ProcessGroup):
     def _exchange_records(self, seq: int, rec: dict, what: str) -> list[dict]:
         """Publishes this rank's record of call `seq`; returns every rank's."""
         rf = self._record_file()
-        payload = json.dumps(rec).encode()
+        payload = encode_record(rec)
         if not rf.fits(payload):
             key = f"tpcheck/big/{seq}/{self._rank}"
             self._store.set(key, payload)
-            payload = json.dumps({"seq": seq, "store": key}).encode()
+            payload = encode_record({"seq": seq, "store": key})
         rf.publish(seq, payload)
         recs: list = [None] * self._size
 
@@ -291,7 +291,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                    lambda: ", ".join(self._who(r) for r in range(self._size) if recs[r] is None))
         for r, got in enumerate(recs):
             if "store" in got:
-                recs[r] = json.loads(self._store.get(got["store"]))
+                recs[r] = decode_record(self._store.get(got["store"]))
         return recs
 
     def _wait_flag(self, kind: int, seq: int, what: str):
@@ -417,12 +417,14 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         return d
 
     # ---- reductions ------------------------------------------------------------------------
-    def _reduce_into(self, out_flat, inputs, kind, op, root=0):
-        """out_flat = this rank's result of `kind` over `inputs` (one flat tensor per rank)."""
+    def _reduce_into(self, out_flat, inputs, count, kind, op, root=0):
+        """out_flat = this rank's result of `kind` over `inputs`, every rank's input of
+        `count` elements (the exchange's inputs(): flat tensors; on CUDA, addresses for
+        the kernel's reductions)."""
         if out_flat.numel() == 0:
             return
         if out_flat.device.type == "cuda":
-            self._cuda.reduce_into(out_flat, inputs, kind, op, self._order, self._rank, root)
+            self._cuda.reduce_into(out_flat, inputs, count, kind, op, self._order, self._rank, root)
             return
         if out_flat.dtype in _RING_DTYPES:
             from .. import _tpcheck
@@ -501,14 +503,14 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         for i, t in enumerate(tensors):
             if kind == "reduce" and self._rank != root:
                 continue
-            ins = [ex.view(rec["loc"], i, t.dtype, t.numel()) for rec in recs]
+            ins = ex.inputs(recs, i, t.dtype, t.numel(), op)
             if lent:
                 tmp = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
-                self._reduce_into(tmp, ins, kind, op, root)
+                self._reduce_into(tmp, ins, t.numel(), kind, op, root)
                 pending.append((t, tmp))
             else:
                 out, fin = self._out(t)
-                self._reduce_into(out, ins, kind, op, root)
+                self._reduce_into(out, ins, t.numel(), kind, op, root)
                 fin()
         self._sync_cuda(ex, recs)
         for t, tmp in pending:
@@ -538,9 +540,9 @@ class TpcheckProcessGroup(dist.ProcessGroup):
                                f"output {_describe(out)}")
         recs, ex = self._step(kind, self._sig([inp], op=op), [inp],
                               put_options=self._put_options([inp], op) if op in ("sum", "avg") else None)
-        ins = [ex.view(rec["loc"], 0, inp.dtype, inp.numel()) for rec in recs]
+        ins = ex.inputs(recs, 0, inp.dtype, inp.numel(), op)
         o, fin = self._out(out)
-        self._reduce_into(o, ins, "reduce_scatter", op)
+        self._reduce_into(o, ins, inp.numel(), "reduce_scatter", op)
         fin()
         self._sync_cuda(ex, recs)
 

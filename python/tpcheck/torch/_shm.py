@@ -28,8 +28,8 @@ class ShmExchange:
         job = os.environ.get("TPCHECK_EMULATE_JOB", "nojob")
         base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
         self._paths = [f"{base}/tpcheck-{job}-{os.getpid()}-{tag}-{i}" for i in range(2)]
-        self._own = [None, None]  # (mmap, size)
-        self._peers: dict[str, tuple[mmap.mmap, int]] = {}
+        self._own = [None, None]  # (mmap, size, its bytes as a tensor)
+        self._peers: dict[str, tuple[mmap.mmap, int, torch.Tensor]] = {}
 
     def close(self) -> None:
         for p in self._paths:
@@ -49,7 +49,7 @@ class ShmExchange:
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        self._own[which] = (mm, size)
+        self._own[which] = (mm, size, torch.frombuffer(mm, dtype=torch.uint8))
         return self._own[which]
 
     def put(self, seq: int, tensors: list[torch.Tensor]) -> dict:
@@ -62,14 +62,18 @@ class ShmExchange:
         which = seq % 2
         if off == 0:
             return {"path": self._paths[which], "size": 0, "offs": offs}
-        mm, size = self._own_buffer(which, off)
+        _, size, base = self._own_buffer(which, off)
         for t, o in zip(tensors, offs):
             n = t.numel()
             if n == 0:
                 continue
-            dst = torch.frombuffer(mm, dtype=t.dtype, count=n, offset=o)
-            dst.copy_(t.reshape(-1))
+            base[o:o + n * t.itemsize].view(t.dtype).copy_(t.reshape(-1))
         return {"path": self._paths[which], "size": size, "offs": offs}
+
+    def inputs(self, recs: list[dict], index: int, dtype: torch.dtype, numel: int, op: str) -> list:
+        """Every rank's tensor `index` of this collective, flat (the CUDA exchange's
+        counterpart gives the kernel addresses)."""
+        return [self.view(rec["loc"], index, dtype, numel) for rec in recs]
 
     def view(self, loc: dict, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """Tensor `index` of a peer's (or this rank's) segment, flat, in place."""
@@ -78,7 +82,7 @@ class ShmExchange:
         path, size = loc["path"], loc["size"]
         for which in range(2):
             if self._paths[which] == path:
-                mm = self._own[which][0]
+                base = self._own[which][2]
                 break
         else:
             cur = self._peers.get(path)
@@ -88,15 +92,17 @@ class ShmExchange:
                     mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
                 finally:
                     os.close(fd)
-                self._peers[path] = (mm, size)
-            mm = self._peers[path][0]
-        # Read-only memory: torch warns about non-writable buffers; the views are only read.
-        return _frombuffer_ro(mm, dtype, numel, loc["offs"][index])
+                self._peers[path] = (mm, size, _bytes_ro(mm))
+            base = self._peers[path][2]
+        off = loc["offs"][index]
+        return base[off:off + numel * dtype.itemsize].view(dtype)
 
 
-def _frombuffer_ro(mm, dtype, numel, offset):
+def _bytes_ro(mm) -> torch.Tensor:
+    """The whole mapping as a uint8 tensor, made once per mapping (views are slices of it).
+    Read-only memory: torch warns about non-writable buffers; the views are only read."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(mm, dtype=dtype, count=numel, offset=offset)
+        return torch.frombuffer(mm, dtype=torch.uint8)
