@@ -205,6 +205,26 @@ def test_the_report_times_each_phase(one_rank_group):
     assert "truth" not in again.seconds and "judging" in again.seconds
 
 
+def test_a_parameter_shared_with_the_unsharded_module_keeps_its_own_gradient(one_rank_group):
+    """A sharded module may hold one of single's Parameter objects (a replicated bias). Rank
+    0 runs single after the shards with p.grad = None: the sharded gradient gathered before
+    must stay the one the sharded run made, and single's the one its own run made."""
+    single = _mlp()
+    sharded = copy.deepcopy(single)
+    sharded.fc2.bias = single.fc2.bias  # the same object in both modules
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    compare_tp(single, sharded, (x,), grad_output=dy).assert_ok()
+    # the sharded run's output gradient halved: its bias gradient is half of single's
+    def halve_output_gradient(module, inputs, output):
+        output.register_hook(lambda g: g * 0.5)  # returns None: the output is kept
+
+    sharded.fc2.register_forward_hook(halve_output_gradient)
+    report = compare_tp(single, sharded, (x,), grad_output=dy)
+    failed = {e["name"] for e in report.entries if e["kind"] == "parameter_gradient"
+              and not e["verdicts"]["truth"]["passed"]}
+    assert "fc2.bias" in failed
+
+
 def test_a_wrong_gradient_fails_with_its_name(one_rank_group):
     single, sharded = _mlp(), _mlp()
     x, dy = torch.randn(4, 8), torch.randn(4, 8)
