@@ -10,10 +10,11 @@
 //       The IPC handle of the allocation that holds `address` — memory another allocator
 //       made with cudaMalloc, e.g. a tensor of torch's caching allocator — the address's
 //       offset in it and the allocation's size, so that peers read and write the tensor in
-//       place (ipc_open maps the whole allocation; a peer views it once, whole). The allocation's start comes from the driver's
-//       cuMemGetAddressRange, looked up in libcuda at run time (the extension does not link
-//       the driver, so it imports on machines without one). Memory from cuMemCreate (torch's
-//       expandable segments) has no such handle: RuntimeError, and the caller stages.
+//       place (ipc_open maps the whole allocation; a peer views it once, whole). The
+//       allocation's start comes from the driver's cuMemGetAddressRange, looked up in
+//       libcuda at run time (the extension does not link the driver, so it imports on
+//       machines without one). Memory from cuMemCreate (torch's expandable segments) has no
+//       such handle: RuntimeError, and the caller stages.
 //   ipc_close(address, device)   unmaps what ipc_open mapped.
 //   ipc_free(address, device)    frees what ipc_alloc allocated.
 //   cuda_bytes(address, nbytes, device) -> torch.Tensor

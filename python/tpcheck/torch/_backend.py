@@ -424,7 +424,8 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         if out_flat.numel() == 0:
             return
         if out_flat.device.type == "cuda":
-            self._cuda.reduce_into(out_flat, inputs, count, kind, op, self._order, self._rank, root)
+            self._cuda.reduce_into(out_flat, inputs, count, kind, op, self._order, self._rank,
+                                   root)
             return
         if out_flat.dtype in _RING_DTYPES:
             from .. import _tpcheck

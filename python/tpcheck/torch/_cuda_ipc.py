@@ -4,13 +4,13 @@ caller's current stream, no host copy of the data.
 Per group and rank: two staging buffers on the rank's GPU (collective s uses s % 2), and
 per buffer three interprocess events: `ready` (recorded after this rank copied its
 contribution in), `reduced` (after it wrote its share of a split all-reduce, below) and
-`done` (after it finished reading the others' buffers of that collective). A rank's first record
-of the group carries its events' IPC handles (peers open them once, keyed by the rank's
-pid); every record names the staging buffer's handle (peers map each once and cache it).
-The current stream is looked up once per collective (put), and the reductions pass data
-addresses to the kernel instead of tensor views: a collective's host work is Python, and
-at TP 8 every torch call per peer counts (about 0.8 ms a call at 1024 elements, measured on
-an H100 before these changes).
+`done` (after it finished reading the others' buffers of that collective). A rank's first
+record of the group carries its events' IPC handles (peers open them once, keyed by the
+rank's pid); every record names the staging buffer's handle (peers map each once and cache
+it). The current stream is looked up once per collective (put), and the reductions pass
+data addresses to the kernel instead of tensor views: a collective's host work is Python,
+and at TP 8 every torch call per peer counts (bench/RESULTS.md: 0.67 ms a call at 1024
+elements on an H100 with views and a stream lookup per peer, 0.27 ms on an H200 without).
   put(s):   the caller's stream waits on every peer's `done[s % 2]` (their reads of
             collective s - 2 from this buffer), copies the contribution in (times the
             average's 1/N, rounded to the dtype, for AVG: NCCL's PreMulSum), records
@@ -88,12 +88,12 @@ class CudaExchange:
         self._peer_bufs: dict[str, torch.Tensor] = {}  # IPC handle (base64) -> view
         self._peer_maps: dict[str, tuple[int, int]] = {}  # handle -> (address, device)
         self._peer_events: dict[str, torch.cuda.Event] = {}
-        self._waited: set[tuple[int, str]] = set()
+        self._waited: set[tuple[int, int, str]] = set()  # (which, peer pid, event) waited on
         self._peer_ev: dict[int, dict] = {}  # peer pid -> its events' handles and device
         self._stream = None  # the caller's current stream of this collective (put)
         self._copies: list[torch.Tensor] = []  # other GPUs' inputs copied here (address)
         self._seq = -1
-        self._peer_done: dict[int, list[str]] = {}  # peer rank -> its done-event handles
+        self._peer_done: dict[int, tuple[int, list[str]]] = {}  # peer rank -> (device, done handles)
         self._mine: list[torch.Tensor] = []  # this rank's tensors of the current collective
         self._no_export = False  # set when the allocator's memory has no IPC handle
         self._sent_events = False  # whether this rank's first record carried them
@@ -233,7 +233,8 @@ class CudaExchange:
             return self._mine[index].reshape(-1).view(dtype)[:numel]
         h, off, size = loc["zc"][index]
         self._wait_peer(loc, "ready")
-        v = self._peer_buffer([loc["dev"], h, size])[off:off + numel * dtype.itemsize].view(dtype)
+        base = self._peer_buffer([loc["dev"], h, size])
+        v = base[off:off + numel * dtype.itemsize].view(dtype)
         if v.device != self._dev:
             v = v.to(self._dev, non_blocking=True)
         return v
@@ -254,7 +255,8 @@ class CudaExchange:
         self._wait_peer(loc, "ready")
         return self._map(h, loc["dev"], size) + off
 
-    def inputs(self, recs: list[dict], index: int, dtype: torch.dtype, numel: int, op: str) -> list:
+    def inputs(self, recs: list[dict], index: int, dtype: torch.dtype, numel: int,
+               op: str) -> list:
         """Every rank's tensor `index` of this collective: data addresses for the kernel's
         reductions (float sum and average), else flat views (torch_fold)."""
         if dtype in _DT and op in ("sum", "avg") and numel > 0:

@@ -14,8 +14,8 @@ SLOT_BYTES]; the writer writes the payload and length first, then seq. marshal, 
 every rank reads every rank's record of every call, and at TP 8 JSON's parsing was a
 tenth of a call's host time. The records hold only Python's built-in types, and every rank
 runs the same interpreter (the launcher starts one command). The payload repeats seq, and a
-reader only accepts a payload that decodes and names the call it waits for, so a torn read (a writer
-still writing) is retried rather than trusted, whatever the CPU's memory order. A record
+reader only accepts a payload that decodes and names the call it waits for, so a torn read
+(a writer still writing) is retried rather than trusted, whatever the CPU's memory order. A record
 longer than a slot (a coalesced call over thousands of tensors) goes through the store and
 the slot names its key.
 Why two slots suffice: a rank writes slot s % 2 at call s only after it read every rank's

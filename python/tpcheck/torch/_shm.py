@@ -70,7 +70,8 @@ class ShmExchange:
             base[o:o + n * t.itemsize].view(t.dtype).copy_(t.reshape(-1))
         return {"path": self._paths[which], "size": size, "offs": offs}
 
-    def inputs(self, recs: list[dict], index: int, dtype: torch.dtype, numel: int, op: str) -> list:
+    def inputs(self, recs: list[dict], index: int, dtype: torch.dtype, numel: int,
+               op: str) -> list:
         """Every rank's tensor `index` of this collective, flat (the CUDA exchange's
         counterpart gives the kernel addresses)."""
         return [self.view(rec["loc"], index, dtype, numel) for rec in recs]
