@@ -155,8 +155,8 @@ def main():
             ("tpcheck.compare (allclose, full statistics)", tp_s, 2 * n * 4)]
     if args.truth:
         truth = single.double()
-        truth_s = timed(lambda: tpcheck.compare(single, sharded, truth, reduction_length=1), dev,
-                        args.repeat)
+        truth_s = timed(lambda: tpcheck.compare(single, sharded, truth, reduction_length=1,
+                                                tp_size=1), dev, args.repeat)
         rows.append(("tpcheck.compare (truth policy, + f64 truth)", truth_s, 2 * n * 4 + n * 8))
 
     if dev == "cuda":

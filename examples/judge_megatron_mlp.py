@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from tpcheck.torch.compare import compare_tp
+from tpcheck.torch import compare_tp
 
 
 class AllReduceForward(torch.autograd.Function):

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import tpcheck
-from tpcheck.torch.compare import compare_tp
+from tpcheck.torch import compare_tp
 
 # The GEMMs of one forward + backward, in the order they run (SiteLinear below): a trace's
 # calls line up with these names when it holds exactly these six.

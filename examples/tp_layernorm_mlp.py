@@ -6,7 +6,7 @@ with an all-reduce, then the replicated fc2_bias is added; in backward the input
 is all-reduced (Megatron's f / g functions). Every rank also runs the unsharded module
 (same code, one rank) on the same input. tpcheck then judges each output and gradient:
 sharded against single, both against tpcheck's fp64 truth of TransformerEngine's
-LayerNormMLP computed from the same parameters (tpcheck.truth, state_dict names).
+LayerNormMLP computed from the same parameters (tpcheck.layer_truth, state_dict names).
 
     torchrun --nproc_per_node=2 examples/tp_layernorm_mlp.py               # CPU, gloo
     torchrun --nproc_per_node=2 examples/tp_layernorm_mlp.py --device cuda # one GPU per rank
@@ -136,9 +136,10 @@ def main():
 
     # The fp64 truth of TransformerEngine's LayerNormMLP with these parameters
     # (constructor keywords and state_dict names as TE has them).
-    truth = tpcheck.truth("LayerNormMLP", {"hidden_size": h, "ffn_hidden_size": f, "activation": "gelu"},
-                          full, x, grad_output=dy)
-    want = {"output": truth.output, "input grad": truth.grad_input,
+    truth = tpcheck.layer_truth("LayerNormMLP",
+                                {"hidden_size": h, "ffn_hidden_size": f, "activation": "gelu"},
+                                full, x, grad_output=dy)
+    want = {"output": truth.output, "input grad": truth.input_grads["input"],
             **{f"{k} grad": v for k, v in truth.grads.items()}}
 
     if rank == 0:

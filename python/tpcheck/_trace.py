@@ -27,6 +27,7 @@ import tempfile
 from typing import Any, Optional
 
 from . import _tpcheck
+from ._errors import InputError, RunError
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.fopen.restype = ctypes.c_void_p
@@ -61,7 +62,7 @@ class _Logger:
         self.lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         for name in ("cublasLtLoggerSetFile", "cublasLtLoggerSetLevel"):
             if not hasattr(self.lib, name):
-                raise RuntimeError(f"{path} has no {name}: not a cuBLASLt with the logger API "
+                raise RunError(f"{path} has no {name}: not a cuBLASLt with the logger API "
                                    "(CUDA 11 or newer)")
         self.lib.cublasLtLoggerSetFile.argtypes = [ctypes.c_void_p]
         self.lib.cublasLtLoggerSetLevel.argtypes = [ctypes.c_int]
@@ -71,7 +72,7 @@ class _Logger:
     def start(self, log: str, level: int) -> None:
         self.file = _LIBC.fopen(log.encode(), b"w")
         if not self.file:
-            raise OSError(ctypes.get_errno(), f"cannot open the trace log {log}")
+            raise RunError(f"cannot open the trace log {log}: {os.strerror(ctypes.get_errno())}")
         self.log = log
         self._check(self.lib.cublasLtLoggerSetFile(self.file), "cublasLtLoggerSetFile")
         self._check(self.lib.cublasLtLoggerSetLevel(level), "cublasLtLoggerSetLevel")
@@ -88,7 +89,7 @@ class _Logger:
 
     def _check(self, status: int, call: str) -> None:
         if status != 0:
-            raise RuntimeError(f"{call} in {self.path} returned cublasStatus {status}")
+            raise RunError(f"{call} in {self.path} returned cublasStatus {status}")
 
 
 class Trace:
@@ -143,7 +144,7 @@ class trace:  # noqa: N801 — used as `with tpcheck.trace() as t:`
 
     def __init__(self, level: int = 2, query: bool = False, directory: Optional[str] = None):
         if level not in (2, 5):
-            raise ValueError(f"level must be 2 (Trace) or 5 (API trace), got {level!r}")
+            raise InputError(f"level must be 2 (Trace) or 5 (API trace), got {level!r}")
         self._level = level
         self._query = bool(query)
         self._directory = directory
@@ -153,11 +154,11 @@ class trace:  # noqa: N801 — used as `with tpcheck.trace() as t:`
     def __enter__(self) -> Trace:
         global _active
         if _active:
-            raise RuntimeError("tpcheck.trace() blocks cannot be nested or overlap: cuBLASLt "
+            raise RunError("tpcheck.trace() blocks cannot be nested or overlap: cuBLASLt "
                                "has one logger per process")
         libraries = loaded_cublaslt()
         if not libraries:
-            raise RuntimeError("no libcublasLt is loaded in this process: import the library "
+            raise RunError("no libcublasLt is loaded in this process: import the library "
                                "whose GEMMs you want traced (e.g. torch) and let it load its "
                                "CUDA libraries first (one CUDA matmul does it)")
         directory = self._directory or tempfile.mkdtemp(prefix="tpcheck-trace-")

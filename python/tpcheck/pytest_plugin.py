@@ -2,7 +2,7 @@
 
     @pytest.mark.tpcheck(tp=[2, 4])
     def test_my_tp_mlp(tpcheck_group):          # the initialized TP process group
-        compare_tp(mlp, tp_mlp, (x,), grad_output=dy).assert_ok()
+        tpcheck.torch.compare_tp(mlp, tp_mlp, (x,), grad_output=dy).assert_ok()
 
 A marked test becomes one item per TP size (`test_my_tp_mlp[tp2]`, `...[tp4]`), so -k and
 -x select and stop as usual, without xdist. Running an item launches
@@ -16,8 +16,8 @@ rank's full traceback below). Inside the ranks (TPCHECK_PYTEST_RANK_DIR is set) 
 run as ordinary tests.
 
 The `tpcheck_group` fixture initializes torch.distributed from the launcher's environment
-(backend "tpcheck" when tpcheck.torch registered it, else "nccl" with a GPU, else "gloo")
-and destroys the group after the test.
+(backend "tpcheck" when the emulate launcher registered it, else "nccl" with a GPU, else
+"gloo") and destroys the group after the test.
 
 TPCHECK_PYTEST_LAUNCHER=torchrun launches with `python -m torch.distributed.run` instead
 (e.g. for a program that needs one GPU per rank).
@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+
+from ._errors import RunError
 
 RANK_DIR_ENV = "TPCHECK_PYTEST_RANK_DIR"
 LAUNCHER_ENV = "TPCHECK_PYTEST_LAUNCHER"
@@ -93,19 +95,16 @@ def tpcheck_group(tpcheck_tp):
     if os.environ.get(RANK_DIR_ENV) is None:
         pytest.skip("tpcheck_group exists inside the ranks of a @pytest.mark.tpcheck test")
     if not dist.is_initialized():
-        backend = "gloo"
-        try:
-            import tpcheck.torch  # noqa: F401  (registers the "tpcheck" backend when it exists)
-            if "tpcheck" in dist.Backend.backend_list:
-                backend = "tpcheck"
-        except ImportError:
-            pass
-        if backend == "gloo" and torch.cuda.is_available():
-            backend = "nccl"
+        # `tpcheck emulate` registers its backend in every rank (tpcheck.emulate's hook)
+        if "tpcheck" in dist.Backend.backend_list:
+            backend = "tpcheck"
+        else:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     if dist.get_world_size() != tpcheck_tp:
-        raise RuntimeError(f"tpcheck_group: launched with WORLD_SIZE {dist.get_world_size()}, "
-                           f"the item is tp{tpcheck_tp}")
+        raise RunError(f"tpcheck_group: launched with WORLD_SIZE {dist.get_world_size()}, "
+                       f"the item is tp{tpcheck_tp}; expected the launcher's -n to be the "
+                       "marker's TP size")
     yield dist.group.WORLD
     dist.destroy_process_group()
 

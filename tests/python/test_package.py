@@ -3,7 +3,7 @@
 References are independent of tpcheck: numpy formulas for every statistic (the reference
 suite's rule written out: |a - b| in the tensors' dtype, first argmax, rel = d /
 max(|b|, 1e-5)), TF32 rounding by bit manipulation, JAX x64 autodiff (jax_layers.py, written
-from docs/LAYERS.md) for tpcheck.truth, and the `tpcheck` program's own JSON for
+from docs/LAYERS.md) for tpcheck.layer_truth, and the `tpcheck` program's own JSON for
 tpcheck.run. The package is imported from the build tree (ctest sets PYTHONPATH to
 build/python); a missing package is a failure, not a skip.
 """
@@ -145,15 +145,16 @@ def test_reference_failure_near_zero_element():
     v = tpcheck.compare(single, sharded, policy="te", atol=1e-5)
     assert not v and v.argmax_index == (5, 3)
     assert v.rel_at_max == pytest.approx(rel, rel=1e-12) and v.max_abs_diff == d
-    with pytest.raises(AssertionError, match=r"NUMERICAL CHECK FAILED: tensor not close enough "
-                                             r"at index 83 with .* \| rel\. error = .* \(tol = 0\.001\)"):
-        tpcheck.assert_close(sharded, single, atol=1e-5)
+    with pytest.raises(tpcheck.CheckFailed, match=r"NUMERICAL CHECK FAILED: tensor not close enough "
+                                                  r"at index 83 with .* \| rel\. error = .* \(tol = 0\.001\)"):
+        tpcheck.assert_close(single, sharded, atol=1e-5)
     # ... the truth says it is rounding: the sharded run is closer to it than the single
     # run (TF32 inputs, u = 2^-11), within the error model for K = 32.
-    v = tpcheck.compare(single, sharded, truth, dtype="float32", math="tf32", reduction_length=32)
+    v = tpcheck.compare(single, sharded, truth, dtype="float32", math="tf32", reduction_length=32,
+                        tp_size=1)
     assert v, v.reason
     assert v.statistics["sharded_vs_truth"]["max_abs"] < v.statistics["single_vs_truth"]["max_abs"]
-    assert tpcheck.assert_close(sharded, single, truth, math="tf32", reduction_length=32)
+    assert tpcheck.assert_close(single, sharded, truth, math="tf32", reduction_length=32, tp_size=1)
 
 
 def test_truth_policy_catches_a_real_bug():
@@ -162,9 +163,13 @@ def test_truth_policy_catches_a_real_bug():
     broken[:, 3] *= np.float32(0.5)  # a lost partial sum in one column
     v = tpcheck.compare(single, broken, truth, math="tf32", reduction_length=32, tp_size=2)
     assert not v and "EXCEEDED" in v.reason
-    with pytest.raises(AssertionError, match="tpcheck \\(truth\\): fc1_weight grad: against truth"):
-        tpcheck.assert_close(broken, single, truth, math="tf32", reduction_length=32,
+    with pytest.raises(tpcheck.CheckFailed, match="tpcheck \\(truth\\): fc1_weight grad: against truth"):
+        tpcheck.assert_close(single, broken, truth, math="tf32", reduction_length=32, tp_size=2,
                              name="fc1_weight grad")
+    with pytest.raises(AssertionError, match=r"tpcheck \(truth\): tensor: against truth"):
+        v.assert_ok()  # CheckFailed is an AssertionError
+    assert v.failures == [{"name": "tensor", "policy": "truth", "status": "fail",
+                           "reason": v.reason}]
 
 
 def test_global_rules_and_verdict_object():
@@ -217,10 +222,10 @@ def test_torch_cpu_tensors():
     a = torch.randn(16, 32, dtype=torch.float32)
     b = (a.double() * (1 + 3e-8)).float()  # within an ulp of a
     truth = a.double() * (1 + 1.5e-8)
-    v = tpcheck.compare(a, b, truth, policy="truth", reduction_length=32)
+    v = tpcheck.compare(a, b, truth, policy="truth", reduction_length=32, tp_size=1)
     assert v, v.reason
     assert v.single_vs_truth["max_abs"] == float((a.double() - truth).abs().max())
-    assert not tpcheck.compare(a, a * 1.001, truth, reduction_length=32)
+    assert not tpcheck.compare(a, a * 1.001, truth, reduction_length=32, tp_size=1)
     for dt in (torch.bfloat16, torch.float16, torch.float64):
         v = tpcheck.compare(a.to(dt), b.to(dt), policy="bitwise")
         assert v.max_abs_diff == float((b.to(dt).double() - a.to(dt).double()).abs().max())
@@ -246,9 +251,9 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"sharded has shape \[4, 3\] but single has shape \[4, 4\]"):
         tpcheck.compare(x, x[:, :3].copy(), policy="te")
     with pytest.raises(TypeError, match="truth: dtype f32 given; the fp64 truth must be float64"):
-        tpcheck.compare(x, x, x)
+        tpcheck.compare(x, x, x, reduction_length=1, tp_size=1)
     with pytest.raises(ValueError, match=r"truth has shape \[2, 4\]"):
-        tpcheck.compare(x, x, np.ones((2, 4)))
+        tpcheck.compare(x, x, np.ones((2, 4)), reduction_length=1, tp_size=1)
     with pytest.raises(ValueError, match="policy 'truth' judges both runs against the fp64 truth"):
         tpcheck.compare(x, x)
     with pytest.raises(ValueError, match="unknown policy 'close'"):
@@ -258,13 +263,91 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="rtol must be >= 0, got -1"):
         tpcheck.compare(x, x, policy="te", rtol=-1)
     with pytest.raises(ValueError, match="reduction_length must be >= 1, got 0"):
-        tpcheck.compare(x, x, np.ones((4, 4)), reduction_length=0)
+        tpcheck.compare(x, x, np.ones((4, 4)), reduction_length=0, tp_size=1)
     with pytest.raises(ValueError, match="unknown math class|expected one of"):
-        tpcheck.compare(x, x, np.ones((4, 4)), math="int8")
+        tpcheck.compare(x, x, np.ones((4, 4)), math="int8", reduction_length=1, tp_size=1)
     with pytest.raises(ValueError, match="dtype 'float128'"):
-        tpcheck.compare(x, x, np.ones((4, 4)), dtype="float128")
+        tpcheck.compare(x, x, np.ones((4, 4)), dtype="float128", reduction_length=1, tp_size=1)
     v = tpcheck.compare(x.astype(np.float64), x.astype(np.float64), policy="te")
     assert not v and "no reference tolerance for dtype f64" in v.reason
+
+
+# ---- one API convention -------------------------------------------------------------------
+
+
+def test_truth_policy_needs_its_error_model_and_never_defaults_it():
+    """compare under `truth` needs K and N: given, or carried by a TruthTensor; missing
+    ones are an InputError naming the argument and where it comes from."""
+    single, sharded, truth = _gemm_story()
+    with pytest.raises(tpcheck.InputError, match=r"needs reduction_length=.*truth_for"):
+        tpcheck.compare(single, sharded, truth, tp_size=2)
+    with pytest.raises(tpcheck.InputError, match=r"needs tp_size="):
+        tpcheck.compare(single, sharded, truth, reduction_length=32)
+    explicit = tpcheck.compare(single, sharded, truth, math="tf32", reduction_length=32, tp_size=2)
+    carried = tpcheck.compare(single, sharded, tpcheck.TruthTensor(truth, 32, 2), math="tf32")
+    assert carried.to_dict() == explicit.to_dict()
+    assert carried.error_model["reduction_length"] == 32 and carried.error_model["tp_size"] == 2
+    # an argument overrides what the truth carries
+    wider = tpcheck.compare(single, sharded, tpcheck.TruthTensor(truth, 32, 2), math="tf32",
+                            reduction_length=4096)
+    assert wider.error_model["reduction_length"] == 4096
+    # the other policies need no error model
+    assert tpcheck.compare(single, single, policy="bitwise").passed
+
+
+def test_assert_close_takes_single_then_sharded():
+    """The te rule is not symmetric (rel = |d| / |single|): the order matters. The old
+    keywords actual= (sharded) / expected= (single) still work, with a warning."""
+    single, sharded, _ = _gemm_story()
+    with pytest.raises(tpcheck.CheckFailed) as new_order:
+        tpcheck.assert_close(single, sharded, atol=1e-5)
+    v = tpcheck.compare(single, sharded, policy="te", atol=1e-5)
+    assert v.reason in str(new_order.value)
+    with pytest.warns(DeprecationWarning, match="actual=, expected="):
+        with pytest.raises(tpcheck.CheckFailed) as old_keywords:
+            tpcheck.assert_close(actual=sharded, expected=single, atol=1e-5)
+    assert str(old_keywords.value) == str(new_order.value)
+    with pytest.warns(DeprecationWarning), pytest.raises(tpcheck.InputError, match="given twice"):
+        tpcheck.assert_close(single, sharded, actual=sharded)
+    with pytest.raises(tpcheck.InputError, match="missing sharded"):
+        tpcheck.assert_close(single)
+
+
+def test_the_reference_layer_truth_has_its_own_name_and_the_module_truths_fields():
+    opts = {"hidden_size": 8, "ffn_hidden_size": 4}
+    rng = np.random.default_rng(9)
+    params = {k: rng.normal(size=s) for k, s in tpcheck.layer_parameters("LayerNormMLP", opts).items()}
+    x, dy = rng.normal(size=(3, 8)), rng.normal(size=(3, 8))
+    t = tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=dy)
+    assert isinstance(t, tpcheck.LayerTruth) and set(t.input_grads) == {"input"}
+    assert sorted(t.tensors()) == sorted(["output", "input", *t.grads])
+    with pytest.warns(DeprecationWarning, match="tpcheck.truth is deprecated"):
+        old = tpcheck.truth("LayerNormMLP", opts, params, x, grad_output=dy)
+    with pytest.warns(DeprecationWarning, match="input_grads"):
+        assert np.array_equal(old.grad_input, t.input_grads["input"])
+    with pytest.warns(DeprecationWarning, match="LayerTruth"):
+        assert tpcheck.TruthResult is tpcheck.LayerTruth
+    one = t.truth_for("fc1_weight", reduction_length=8, tp_size=2)
+    assert (one.reduction_length, one.tp_size, one.name) == (8, 2, "fc1_weight")
+    with pytest.raises(tpcheck.InputError, match=r"no tensor 'fc9_weight'; expected one of"):
+        t.truth_for("fc9_weight")
+
+
+def test_every_error_is_a_tpcheck_error():
+    assert issubclass(tpcheck.InputError, tpcheck.Error) and issubclass(tpcheck.InputError, ValueError)
+    assert issubclass(tpcheck.InputError, TypeError)
+    assert issubclass(tpcheck.CheckFailed, AssertionError) and issubclass(tpcheck.RunError, RuntimeError)
+    x = np.ones((4, 4), np.float32)
+    for call in (lambda: tpcheck.compare(x, x, policy="close"),          # Python's check
+                 lambda: tpcheck.compare([1.0], x, policy="te"),         # not an array
+                 lambda: tpcheck.compare(x, x[:, :3].copy(), policy="te"),  # the compiled side's
+                 lambda: tpcheck.layer_truth("Transformer", {}, {}, x),
+                 lambda: tpcheck.run(tp=0, backend="cpu"),
+                 lambda: tpcheck.run(steps=1.5)):
+        with pytest.raises(tpcheck.InputError):
+            call()
+    with pytest.raises(tpcheck.CheckFailed):
+        tpcheck.assert_close(x, x + 1, policy="bitwise")
 
 
 # ---- truth against JAX -----------------------------------------------------------------------
@@ -297,14 +380,14 @@ def test_truth_matches_jax(kind, options, shape):
     out32, vjp32 = jax.vjp(f, p64, jnp.asarray(x))
     dy = {k: rng.normal(size=np.shape(v)) for k, v in out32.items()}
     dparams32, dx32 = vjp32({k: jnp.asarray(v) for k, v in dy.items()})
-    t = tpcheck.truth(kind, {**options, "params_dtype": "float32"}, sd, x,
-                      grad_output=dy if len(dy) > 1 else dy["output"])
+    t = tpcheck.layer_truth(kind, {**options, "params_dtype": "float32"}, sd, x,
+                            grad_output=dy if len(dy) > 1 else dy["output"])
     assert sorted(t.outputs) == sorted(out32)
     # f64 on both sides, different summation orders: ~1e-15 (test_layers_vs_jax.py's bound).
     for k in out32:
         assert t.outputs[k].dtype == np.float64
         assert rel_norm(t.outputs[k], out32[k]) < 1e-10, k
-    assert rel_norm(t.grad_input, dx32) < 1e-10
+    assert rel_norm(t.input_grads["input"], dx32) < 1e-10
     assert sorted(t.grads) == sorted(dparams32)
     # A gradient that is zero in exact arithmetic (the attention key bias: softmax ignores a
     # shift) is rounding noise (~1e-16) on both sides: measured against the input
@@ -322,8 +405,8 @@ def test_truth_forward_only_and_layer_parameters():
     assert specs == {name: tuple(s) for name, s in jl.parameter_specs("LayerNormMLP", opts)}
     rng = np.random.default_rng(7)
     params = {k: rng.normal(size=s) for k, s in specs.items()}
-    t = tpcheck.truth("LayerNormMLP", opts, params, rng.normal(size=(3, 8)))
-    assert t.grads == {} and t.grad_input is None and t.output.shape == (3, 8)
+    t = tpcheck.layer_truth("LayerNormMLP", opts, params, rng.normal(size=(3, 8)))
+    assert t.grads == {} and t.input_grads == {} and t.output.shape == (3, 8)
 
 
 def test_truth_errors_list_expected_and_given():
@@ -336,23 +419,23 @@ def test_truth_errors_list_expected_and_given():
     bad["fc3_weight"] = np.zeros((2, 2))
     bad["fc1_weight"] = np.zeros((8, 4))
     with pytest.raises(ValueError) as e:
-        tpcheck.truth("LayerNormMLP", opts, bad, x)
+        tpcheck.layer_truth("LayerNormMLP", opts, bad, x)
     msg = str(e.value)
     assert "missing: fc2_bias" in msg and "unexpected: fc3_weight" in msg
     assert "fc1_weight expected [4, 8] given [8, 4]" in msg
     assert "expected: layer_norm_weight [8], layer_norm_bias [8], fc1_weight [4, 8]" in msg
     with pytest.raises(ValueError, match="unknown|not a known|ffn_hiden_size"):
-        tpcheck.truth("LayerNormMLP", {**opts, "ffn_hiden_size": 4}, params, x)
+        tpcheck.layer_truth("LayerNormMLP", {**opts, "ffn_hiden_size": 4}, params, x)
     with pytest.raises(ValueError, match="Transformer"):
-        tpcheck.truth("Transformer", opts, params, x)
+        tpcheck.layer_truth("Transformer", opts, params, x)
     with pytest.raises(ValueError, match="grad_output 'bias' given, but the layer returns only output"):
-        tpcheck.truth("LayerNormMLP", opts, params, x, grad_output={"bias": np.zeros(8)})
+        tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output={"bias": np.zeros(8)})
     with pytest.raises(ValueError, match=r"grad_output 'output' has shape \[3, 7\]"):
-        tpcheck.truth("LayerNormMLP", opts, params, x, grad_output=np.zeros((3, 7)))
+        tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=np.zeros((3, 7)))
     with pytest.raises(ValueError, match="device 'tpu'"):
-        tpcheck.truth("LayerNormMLP", opts, params, x, device="tpu")
+        tpcheck.layer_truth("LayerNormMLP", opts, params, x, device="tpu")
     with pytest.raises(TypeError, match=r"params\['fc1_weight'\]: dtype int64"):
-        tpcheck.truth("LayerNormMLP", opts, {**params, "fc1_weight": np.zeros((4, 8), np.int64)}, x)
+        tpcheck.layer_truth("LayerNormMLP", opts, {**params, "fc1_weight": np.zeros((4, 8), np.int64)}, x)
 
 
 # ---- the suite from Python -------------------------------------------------------------------
@@ -382,6 +465,18 @@ def test_run_returns_the_cli_report(tmp_path):
     path = tmp_path / "py.json"
     tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER, json=str(path))
     assert strip(json.loads(path.read_text())) == strip(want)
+
+
+def test_the_run_report_speaks_the_result_protocol():
+    report = tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER)
+    assert isinstance(report, tpcheck.RunReport) and isinstance(report, dict)
+    assert report.passed and bool(report) and report.failures == []
+    assert report.assert_ok() is report
+    assert report.to_dict() == dict(report) and json.loads(report.to_json()) == json.loads(json.dumps(report))
+    bad = tpcheck.run(suite="te", tp=2, backend="cpu", filter=FILTER, mutate="shard-off-by-one")
+    assert not bad.passed and [f["name"] for f in bad.failures] == ["Linear.column.sp0.default"]
+    with pytest.raises(tpcheck.CheckFailed, match=r"1 of 1 cases fail truth: Linear.column.sp0.default: "):
+        bad.assert_ok()
 
 
 def test_run_keywords_are_the_cli_run_options():

@@ -32,7 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_tp_worker as worker  # noqa: E402
 from torch_tp_layers import MLP  # noqa: E402
 
-from tpcheck.torch.compare import compare_tp  # noqa: E402
+import tpcheck  # noqa: E402
+from tpcheck._names import REPORT_KIND_PARAMETER_GRADIENT  # noqa: E402
+from tpcheck.torch import compare_tp  # noqa: E402
 
 LONG = os.environ.get("TPCHECK_TEST_LONG") == "1"
 HELD_OUT_SEEDS = list(range(101, 131)) if LONG else [101, 102, 103]
@@ -152,7 +154,7 @@ def test_bad_input_on_some_ranks_raises_on_every_rank(tp_results, bug):
     assert len(rs) == n
     for rank, r in enumerate(rs):
         assert "error" in r, f"TP {n}: rank {rank} did not raise for {bug}: {r}"
-        assert r["error_type"] == "ValueError", r["error"]
+        assert r["error_type"] == "InputError", r["error"]
         assert re.search(BAD_INPUTS[bug], r["error"]), r["error"]
         found = BAD_FOUND_ON[bug]
         if found is not None and rank != found:
@@ -220,8 +222,7 @@ def test_a_parameter_shared_with_the_unsharded_module_keeps_its_own_gradient(one
 
     sharded.fc2.register_forward_hook(halve_output_gradient)
     report = compare_tp(single, sharded, (x,), grad_output=dy)
-    failed = {e["name"] for e in report.entries if e["kind"] == "parameter_gradient"
-              and not e["verdicts"]["truth"]["passed"]}
+    failed = {e["name"] for e in report.failures if e["kind"] == REPORT_KIND_PARAMETER_GRADIENT}
     assert "fc2.bias" in failed
 
 
@@ -230,24 +231,41 @@ def test_a_wrong_gradient_fails_with_its_name(one_rank_group):
     x, dy = torch.randn(4, 8), torch.randn(4, 8)
     sharded.fc2.bias.register_hook(lambda g: g * 0.5)  # a halved bias gradient
     report = compare_tp(single, sharded, (x,), grad_output=dy)
-    with pytest.raises(AssertionError, match=r"parameter_gradient 'fc2.bias' fails truth"):
+    with pytest.raises(tpcheck.CheckFailed, match=r"rank 0 of 1: gradient 'fc2.bias' fails truth"):
         report.assert_ok()
+    assert report.failures[0]["name"] == "fc2.bias" and report.failures[0]["policy"] == "truth"
+    assert isinstance(tpcheck.CheckFailed("x"), AssertionError)
+
+
+def test_options_object_and_keywords(one_rank_group):
+    """compare_tp's keywords are CompareOptions' fields; an options object works the same,
+    keywords given with it override its fields; an unknown keyword names the fields."""
+    from tpcheck.torch import CompareOptions
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    by_keywords = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, policy="bitwise")
+    opts = CompareOptions(grad_output=dy, policy="te")
+    by_object = compare_tp(single, copy.deepcopy(single), (x,), options=opts, policy="bitwise")
+    assert by_object.to_dict()["tensors"] == by_keywords.to_dict()["tensors"]
+    assert opts.policy == "te"  # the caller's object is left as it was
+    with pytest.raises(tpcheck.InputError, match=r"unknown keywords \['grad_outputs'\].*'grad_output'"):
+        compare_tp(single, copy.deepcopy(single), (x,), grad_outputs=dy)
 
 
 def test_unknown_policy(one_rank_group):
-    with pytest.raises(ValueError, match=r"unknown policy 'close'.*'truth'"):
+    with pytest.raises(tpcheck.InputError, match=r"unknown policy 'close'.*'truth'"):
         compare_tp(_mlp(), _mlp(), (torch.randn(4, 8),), policy="close")
 
 
 def test_unmatched_shards_names_are_listed(one_rank_group):
-    with pytest.raises(ValueError, match=r"\['fc3.weight'\] match no parameter.*fc1.weight"):
+    with pytest.raises(tpcheck.InputError, match=r"\['fc3.weight'\] match no parameter.*fc1.weight"):
         compare_tp(_mlp(), _mlp(), (torch.randn(4, 8),), shards={"fc3.weight": 0})
 
 
 def test_gathered_shape_mismatch_names_both_shapes(one_rank_group):
     sharded = MLP(8, 16)
     sharded.fc1.weight = torch.nn.Parameter(torch.randn(8, 8))
-    with pytest.raises(ValueError, match=r"'fc1.weight'.*\(8, 8\).*\(16, 8\).*shards="):
+    with pytest.raises(tpcheck.InputError, match=r"'fc1.weight'.*\(8, 8\).*\(16, 8\).*shards="):
         compare_tp(_mlp(), sharded, (torch.randn(4, 8),))
 
 
@@ -255,14 +273,14 @@ def test_inputs_on_different_devices(one_rank_group):
     class Two(torch.nn.Module):
         def forward(self, a, b):
             return a
-    with pytest.raises(ValueError, match=r"different devices.*cpu.*meta|different devices.*meta.*cpu"):
+    with pytest.raises(tpcheck.InputError, match=r"different devices.*cpu.*meta"):
         compare_tp(Two(), Two(), (torch.randn(2), torch.randn(2, device="meta")))
 
 
 def test_buffers_changed_in_forward_are_refused(one_rank_group):
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm1d(8)
-    with pytest.raises(ValueError, match=r"buffer 'running_mean' changed in forward.*BatchNorm"):
+    with pytest.raises(tpcheck.InputError, match=r"buffer 'running_mean' changed in forward.*BatchNorm"):
         compare_tp(bn, copy.deepcopy(bn), (torch.randn(4, 8),), grad_output=torch.randn(4, 8))
     bn.eval()
     compare_tp(bn, copy.deepcopy(bn), (torch.randn(4, 8),), grad_output=torch.randn(4, 8)).assert_ok()
@@ -272,7 +290,7 @@ def test_megatron_partition_stride_reassembles_interleaved_shards(monkeypatch):
     """partition_stride s: the full tensor is cut into s·N pieces and rank r holds pieces
     r, N + r, ... (megatron.core's _initialize_affine_weight_cpu); the gather undoes it.
     Four ranks simulated in this process (all_gather returns every rank's shard)."""
-    from tpcheck.torch import _judge_gather as g
+    from tpcheck.judge import _gather as g
     n, stride = 4, 2
     full = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)
     pieces = full.split(16 // (n * stride), dim=0)
@@ -293,14 +311,14 @@ def test_megatron_partition_stride_reassembles_interleaved_shards(monkeypatch):
 
 def test_without_a_process_group_compare_tp_runs_alone(monkeypatch):
     """torch.distributed not initialized: one process, no collectives, the same report."""
-    from tpcheck.torch import _judge_gather, compare as c
-    monkeypatch.setattr(c.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(_judge_gather.dist, "is_initialized", lambda: False)
+    from tpcheck.judge import _gather, _group
+    monkeypatch.setattr(_group.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(_gather.dist, "is_initialized", lambda: False)
     single = _mlp()
     x, dy = torch.randn(4, 8), torch.randn(4, 8)
     report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
     assert report.passed and (report.rank, report.tp_size) == (0, 1) and report.raw
-    with pytest.raises(ValueError, match=r"group= was given but torch.distributed is not initialized"):
+    with pytest.raises(tpcheck.InputError, match=r"group= was given but torch.distributed is not initialized"):
         compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, group=object())
 
 
@@ -313,7 +331,7 @@ def _call(compute="32F", a="f32", math_class=""):
 
 
 def test_class_of_a_traced_call():
-    from tpcheck.torch._judge_gemm import class_of_call
+    from tpcheck.judge._gemm import class_of_call
     assert class_of_call(_call("32F_FAST_TF32")) == "tf32"
     assert class_of_call(_call("32F")) == "fp32"
     assert class_of_call(_call("32F_PEDANTIC")) == "fp32"
@@ -328,7 +346,7 @@ def test_class_of_a_traced_call():
 
 
 def test_math_class_choice():
-    from tpcheck.torch._judge_gemm import choose_math
+    from tpcheck.judge._gemm import choose_math
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert choose_math(None, None, {"fp32", "tf32"}, cpu) == ("tf32", "trace")
     assert choose_math(None, None, {"fp32"}, cpu) == ("fp32", "trace")
@@ -336,8 +354,8 @@ def test_math_class_choice():
     assert choose_math("fp32", None, {"tf32"}, cpu) == ("fp32", "math argument")
     assert choose_math("tf32", 1e-3, {"fp32"}, cpu) == (None, "unit_roundoff argument")
     assert choose_math(None, None, None, cpu) == (None, "dtype")
-    # no trace: torch's TF32 flag decides on CUDA, as before (the flag object takes no
-    # monkeypatch: set and restored by hand)
+    # no trace: torch's TF32 flag decides on CUDA (the flag object takes no monkeypatch:
+    # set and restored by hand)
     flag = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -373,9 +391,9 @@ class _FakeTrace:
 
 @pytest.fixture
 def fake_trace(monkeypatch):
-    import tpcheck
-    monkeypatch.setattr(tpcheck, "loaded_cublaslt", lambda: ["/fake/libcublasLt.so.13"])
-    monkeypatch.setattr(tpcheck, "trace", _FakeTrace)
+    from tpcheck import _trace
+    monkeypatch.setattr(_trace, "loaded_cublaslt", lambda: ["/fake/libcublasLt.so.13"])
+    monkeypatch.setattr(_trace, "trace", _FakeTrace)
     monkeypatch.delenv("CUBLASLT_LOG_LEVEL", raising=False)  # an outside trace would win
     _FakeTrace.calls, _FakeTrace.fail, _FakeTrace.opened = [], None, 0
     return _FakeTrace

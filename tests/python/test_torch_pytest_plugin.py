@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch_tp_layers import MLP, TPMLP
-from tpcheck.torch.compare import compare_tp
+from tpcheck.torch import compare_tp
 
 
 @pytest.mark.tpcheck(tp=[2])

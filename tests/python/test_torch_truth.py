@@ -20,8 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tpcheck  # noqa: E402
-from tpcheck.torch._judge_probe import probe_factor_reference, probe_factors  # noqa: E402
-from tpcheck.torch.truth import PROBE_U, TruthRunError, truth  # noqa: E402
+from tpcheck._names import PROBE_U  # noqa: E402
+from tpcheck.judge._probe import probe_factor_reference, probe_factors  # noqa: E402
+from tpcheck.torch import TruthRunError, truth  # noqa: E402
 
 # random_math::probe_factor(2^-30, seed, counter) as the C++ code computes it
 CXX_FACTORS = {(1234, 1): 1.0000000004296499, (1234, 2): 1.0000000001730209,
@@ -44,7 +45,7 @@ def test_probe_factors_are_the_cxx_stream():
 def test_the_torch_factors_of_the_gpu_path_equal_the_cxx_ones():
     """_compute_torch (what a GPU runs) against the C++ function (what the CPU runs) and the
     formula in Python integers, with a seed past 2^63 (the int64 wrap and masked shifts)."""
-    from tpcheck.torch._judge_probe import _compute, _compute_torch
+    from tpcheck.judge._probe import _compute, _compute_torch
 
     for seed, first in ((99, 1), ((1 << 64) - 5, 123456789), (1 << 63, 1 << 40)):
         cxx = _compute(PROBE_U, seed, first, 3000, "cpu")
@@ -54,7 +55,7 @@ def test_the_torch_factors_of_the_gpu_path_equal_the_cxx_ones():
 
 
 def test_the_factor_cache_grows_by_its_missing_tail(monkeypatch):
-    from tpcheck.torch import _judge_probe as jp
+    from tpcheck.judge import _probe as jp
 
     monkeypatch.setattr(jp, "_cache", {})
     small = jp.probe_factors(PROBE_U, 5, 1, 10).clone()  # fills 1 << 16 positions
@@ -248,5 +249,5 @@ def test_op_without_float64_kernel_is_named():
 
 
 def test_inputs_on_two_devices_are_refused():
-    with pytest.raises(ValueError, match=r"more than one device"):
+    with pytest.raises(tpcheck.InputError, match=r"module and its inputs are on different devices"):
         truth(torch.nn.Linear(2, 2), torch.randn(2, 2, device="meta"))

@@ -25,14 +25,14 @@ TRUTH_CALLS = 0  # how many times compare_tp computed the truth in this rank's p
 
 def _count_truth_calls() -> None:
     """Wraps compare_tp's truth function with a counter (once per process)."""
-    import tpcheck.torch.compare as c
-    real = c.torch_truth
+    import tpcheck.judge._judging as j
+    real = j.module_truth
 
     def counted(*args, **kwargs):
         global TRUTH_CALLS
         TRUTH_CALLS += 1
         return real(*args, **kwargs)
-    c.torch_truth = counted
+    j.module_truth = counted
 
 
 def _te_rule_fails(report_tensors: dict) -> bool:
@@ -97,7 +97,7 @@ def bad_input(bug: str, tp: int) -> None:
     """compare_tp called with input that only some ranks see as bad; it must raise (the
     caller records the error of every rank)."""
     import torch_tp_layers as L
-    from tpcheck.torch.compare import compare_tp
+    from tpcheck.torch import compare_tp
     torch.manual_seed(5)
     rank = dist.get_rank()
     single = L.MLP(16, 32)
@@ -121,7 +121,7 @@ def bad_input(bug: str, tp: int) -> None:
 
 def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> dict:
     import torch_tp_layers as L
-    from tpcheck.torch.compare import compare_tp
+    from tpcheck.torch import compare_tp
     if kind == "bad-input":
         bad_input(bug, tp)
         return {"kind": kind, "bug": bug, "seed": seed, "tp": tp, "raised": False}

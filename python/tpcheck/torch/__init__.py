@@ -14,10 +14,11 @@ the truth.
 """
 
 from ._backend import EmulateError, TpcheckProcessGroup, comm_order, register
-from .compare import TPReport, compare_tp
-from .truth import TorchTruth, TruthRunError, truth
+from ..judge import CompareOptions, TPReport, TruthRunError, compare_tp
+from ..judge import ModuleTruth as TorchTruth  # the module truth's result, by its old name
+from ..judge import module_truth as truth
 
 register()
 
 __all__ = ["EmulateError", "TpcheckProcessGroup", "comm_order", "truth", "TorchTruth",
-           "TruthRunError", "compare_tp", "TPReport"]
+           "TruthRunError", "compare_tp", "CompareOptions", "TPReport"]

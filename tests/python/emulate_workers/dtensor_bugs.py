@@ -135,7 +135,7 @@ style.ColwiseParallel._partition_linear_fn = partition_linear
 def job(kind, bug, seed, mesh):
     global BUG, FIRED, IN_FORWARD
     from torch.distributed.tensor.parallel import parallelize_module
-    from tpcheck.torch.compare import compare_tp
+    from tpcheck.torch import compare_tp
     sp = kind == "dtensor-sp"
     torch.manual_seed(seed)
     single = _SPModel(HIDDEN, FFN) if sp else L.MLP(HIDDEN, FFN)

@@ -1,4 +1,5 @@
-"""Reassembling a rank's shard into the full tensor, for compare_tp.
+"""Reassembling a rank's shard into the full tensor, and telling replicas apart, for
+compare_tp.
 
 A sharded parameter says how it is split in one of three ways, tried in this order:
 - it is a DTensor: its placements say it (`full_tensor()` gathers, reduces partials);
@@ -17,6 +18,11 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from .._errors import InputError
+
+__all__ = ["ShardSpec", "is_dtensor", "spec_of_parameter", "gather", "local_chunk",
+           "is_replica", "local_tensor", "waited"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ def spec_of_parameter(name: str, p: torch.Tensor, shards: dict) -> ShardSpec:
     if getattr(p, "tensor_model_parallel", False):
         dim = getattr(p, "partition_dim", None)
         if dim is None:
-            raise ValueError(f"compare_tp: parameter {name!r} has tensor_model_parallel=True but "
+            raise InputError(f"compare_tp: parameter {name!r} has tensor_model_parallel=True but "
                              "no partition_dim; expected Megatron's attributes (partition_dim, "
                              "partition_stride)")
         return ShardSpec(int(dim), int(getattr(p, "partition_stride", 1)), "Megatron attributes")
@@ -76,8 +82,9 @@ def all_gather_dim(t: torch.Tensor, dim: int, group, stride: int = 1) -> torch.T
     if stride == 1:
         return torch.cat(pieces, dim=dim)
     if t.shape[dim] % stride:
-        raise ValueError(f"compare_tp: a shard of length {t.shape[dim]} along dim {dim} does "
-                         f"not split into partition_stride {stride} pieces")
+        raise InputError(f"compare_tp: a shard of length {t.shape[dim]} along dim {dim} does "
+                         f"not split into partition_stride {stride} pieces; expected a length divisible "
+                         "by the parameter's partition_stride")
     split = [p.chunk(stride, dim=dim) for p in pieces]
     return torch.cat([split[r][s] for s in range(stride) for r in range(n)], dim=dim)
 
@@ -99,6 +106,28 @@ def local_chunk(t: torch.Tensor, dim: Optional[int], group) -> torch.Tensor:
     if n == 1:
         return t
     if t.shape[dim] % n:
-        raise ValueError(f"compare_tp: a tensor of shape {tuple(t.shape)} does not split into "
-                         f"{n} equal pieces along dim {dim}")
+        raise InputError(f"compare_tp: a tensor of shape {tuple(t.shape)} does not split into "
+                         f"{n} equal pieces along dim {dim}; expected a length divisible by the group "
+                         "size there (uneven shards are not supported)")
     return t.chunk(n, dim=dim)[r].contiguous()
+
+
+def is_replica(t: object, dim: Optional[int]) -> bool:
+    """True when this rank's full tensor is its own copy (no collective made it, so ranks'
+    copies may differ): a replicated plain tensor, or a DTensor replicated on every mesh
+    dim."""
+    if is_dtensor(t):
+        from torch.distributed.tensor import Replicate
+        return all(isinstance(p, Replicate) for p in t.placements)
+    return dim is None
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor's local tensor (the whole tensor); a plain tensor itself."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def waited(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor behind a functional collective's AsyncCollectiveTensor (DTensor's
+    use_local_output results), whose own data pointer is null."""
+    return t.trigger_wait() if hasattr(t, "trigger_wait") else t

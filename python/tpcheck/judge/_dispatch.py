@@ -26,7 +26,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ._judge_probe import probe_factors
+from .._errors import RunError
+from ._probe import probe_factors
 
 # Ops whose results are copies or rearrangements of their inputs' values (no rounding).
 _DATA_MOVEMENT = {
@@ -52,8 +53,9 @@ _GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "convolution",
           "_scaled_dot_product_cudnn_attention"}
 
 
-class TruthRunError(RuntimeError):
-    """The module cannot be run as an fp64 truth: the message names the op and why."""
+class TruthRunError(RunError):
+    """The module cannot be run as an fp64 truth: the message names the op, the module
+    that called it and what to do."""
 
 
 def _op_name(func: Any) -> str:

@@ -9,7 +9,7 @@ operand type ask for (COMPUTE_32F_FAST_TF32 → "tf32", COMPUTE_32F with f32 ope
 becomes the truth policy's `math`: a TF32 GEMM on float32 inputs gives u = 2^-11, an FP32
 one leaves the dtype's u. Without a trace (CPU tensors, no cuBLASLt loaded, a trace
 already open, CUBLASLT_LOG_LEVEL set by an outside trace) or with no GEMM recorded,
-torch's allow_tf32 flag decides, as before.
+torch's allow_tf32 flag decides.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ import tempfile
 from typing import Any, Optional
 
 import torch
+
+from .. import _tpcheck
+from .. import _trace as cublaslt_trace
 
 # compute types that let cuBLASLt round f32 operands (cuBLASLt's names without COMPUTE_)
 _FAST = {"32F_FAST_TF32": "tf32", "32F_FAST_16BF": "bf16", "32F_FAST_16F": "fp16"}
@@ -51,10 +54,9 @@ def class_of_call(call: dict[str, Any]) -> str:
 def class_unit_roundoff(name: str) -> Optional[float]:
     """The unit roundoff tpcheck.compare gives a math class (the quantized classes, fp8...,
     accumulate in f32: fp32's); None for a name it does not know."""
-    from .. import _tpcheck
     try:
         return float(_tpcheck.math_class_unit_roundoff(name))
-    except Exception:  # parse_math_class refuses the name: not a class compare models
+    except ValueError:  # parse_math_class refuses the name: not a class compare models
         return None
 
 
@@ -103,7 +105,6 @@ class GemmTrace:
     def __enter__(self) -> "GemmTrace":
         if not self.wanted:
             return self
-        import tpcheck
         if os.environ.get("CUBLASLT_LOG_LEVEL", "0").strip() not in ("", "0"):
             # the process is traced from outside (tpcheck trace, tpcheck emulate --trace):
             # taking cuBLASLt's one logger would cut those lines out of its log
@@ -111,16 +112,15 @@ class GemmTrace:
                             "its logger is left alone")
             return self
         try:
-            if not tpcheck.loaded_cublaslt() and self.device.type == "cuda":
+            if not cublaslt_trace.loaded_cublaslt() and self.device.type == "cuda":
                 # torch loads cuBLAS(Lt) with its first matmul on the device
                 torch.ones(2, 2, device=self.device) @ torch.ones(2, 2, device=self.device)
-            if not tpcheck.loaded_cublaslt():
+            if not cublaslt_trace.loaded_cublaslt():
                 self.why_not = "no libcublasLt loaded in this process"
                 return self
-            from .. import _tpcheck
             self._dir = tempfile.mkdtemp(prefix="tpcheck-compare-trace-")
             self._query = bool(_tpcheck.built_with_cuda()) and self.device.type == "cuda"
-            self._trace = tpcheck.trace(query=self._query, directory=self._dir)
+            self._trace = cublaslt_trace.trace(query=self._query, directory=self._dir)
             self._ledger = self._trace.__enter__()
         except Exception as e:  # a trace already open, a cuBLASLt without the logger API
             self.why_not = f"tpcheck.trace() could not start: {type(e).__name__}: {e}"
@@ -140,7 +140,6 @@ class GemmTrace:
                     raise
                 # the capability query failed (no GPU for tpcheck's own cuBLASLt...): the
                 # logs are ours, read them again without it
-                from .. import _tpcheck
                 logs = sorted(glob.glob(os.path.join(self._dir, "*.log")))
                 ledger = json.loads(_tpcheck.trace_ledger(logs, os.getpid(), False))
                 calls = [c for p in ledger.get("processes", []) for c in p.get("gemms", [])]

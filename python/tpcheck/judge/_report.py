@@ -9,10 +9,21 @@ rank 0."""
 
 from __future__ import annotations
 
-import json
+import html
 from typing import Any, Optional
 
 import torch
+
+from .._names import SCHEMA_COMPARE_TP
+from ._result import Result, failure_summary
+from ._verdict import compare
+
+__all__ = ["TPReport", "KIND_PARAMETER"]
+
+# the kind of the gathered-parameter checks (bitwise; compare_tp's own, not a suite kind)
+KIND_PARAMETER = "parameter"
+
+_SHARED = ("policy", "tp_size", "error_model", "entries", "seconds", "backward", "notes")
 
 
 def _host(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Any:
@@ -22,14 +33,21 @@ def _host(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Any
     if hasattr(t, "trigger_wait"):  # a functional collective's AsyncCollectiveTensor
         t = t.trigger_wait()
     t = t.detach()
-    if dtype is not None:
+    if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     return t.contiguous()
 
 
-class TPReport:
-    """Per-tensor verdicts of one rank. `entries` (list of dicts), `passed`, `failures`,
-    `assert_ok()`, `to_json()`, `to_html()`."""
+def _first_verdict(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    (policy, v), = list(entry["verdicts"].items())[:1]
+    return policy, v
+
+
+class TPReport(Result):
+    """Per-tensor verdicts of one rank: `entries` (list of dicts), `passed`, `failures`
+    (the failing entries, each with its "reason" and "policy"), `assert_ok()`,
+    `to_dict()`, `to_json()`, `to_html()`; `backward` (whether a backward ran: without one
+    only outputs and parameters are judged) and `notes` (what the judging left out, why)."""
 
     def __init__(self, policy: str, rank: int, tp_size: int, error_model: dict):
         self.policy = policy
@@ -39,19 +57,20 @@ class TPReport:
         self.entries: list[dict[str, Any]] = []
         # wall seconds of compare_tp's phases on the judging rank (the group's rank 0)
         self.seconds: dict[str, float] = {}
+        self.backward = True
+        self.notes: list[str] = []
         self.raw: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name → (single, sharded)
 
     def shared(self) -> dict[str, Any]:
         """What every rank's report holds (plain Python: sent with an object collective)."""
-        return {"policy": self.policy, "tp_size": self.tp_size, "error_model": self.error_model,
-                "entries": self.entries, "seconds": self.seconds}
+        return {k: getattr(self, k) for k in _SHARED}
 
     @classmethod
     def from_shared(cls, shared: dict[str, Any], rank: int) -> "TPReport":
         """Rank `rank`'s report from the judging rank's `shared()` (raw stays empty)."""
         report = cls(shared["policy"], rank, shared["tp_size"], shared["error_model"])
-        report.entries = shared["entries"]
-        report.seconds = shared.get("seconds", {})
+        for k in _SHARED[3:]:
+            setattr(report, k, shared[k])
         return report
 
     def add_parameter_check(self, name: str, single: torch.Tensor, gathered: torch.Tensor,
@@ -68,80 +87,71 @@ class TPReport:
                       f"{int((diff > 0).sum())} of {diff.numel()} elements, first largest at "
                       f"{idx} (|diff| {diff.max().item():.3g}); a shard taken from the wrong "
                       "offset, or parameters not copied from the unsharded module")
-        self.entries.append({"name": name, "kind": "parameter", "statistics": {},
+        self.entries.append({"name": name, "kind": KIND_PARAMETER, "statistics": {},
                              "verdicts": {"bitwise": {"passed": same,
                                                       "status": "pass" if same else "fail",
                                                       "reason": reason}}, **(extra or {})})
 
     def judge(self, name: str, kind: str, single: torch.Tensor, sharded: torch.Tensor,
               truth: Optional[torch.Tensor], noise: Optional[torch.Tensor],
-              extra: Optional[dict] = None, **model: Any) -> None:
-        import tpcheck
+              model: dict[str, Any], extra: Optional[dict] = None) -> None:
+        """One tensor judged under the report's policy. model: the truth policy's error
+        model (unit_roundoff or math, reduction_length, tp_size, multiplier, floor_factor)."""
         self.raw[name] = (single.detach(), sharded.detach())
-        policy = self.policy
-        unit_roundoff = model.pop("unit_roundoff")
-        math = model.pop("math")
-        kwargs: dict[str, Any] = {"policy": policy, "name": name}
-        if policy == "truth":
-            kwargs.update(model)
-            if unit_roundoff is not None:
-                kwargs["unit_roundoff"] = unit_roundoff
+        kwargs: dict[str, Any] = {"policy": self.policy, "name": name}
+        if self.policy == "truth":
+            kwargs.update({k: v for k, v in model.items() if k not in ("unit_roundoff", "math")})
+            if model["unit_roundoff"] is not None:
+                kwargs["unit_roundoff"] = model["unit_roundoff"]
             else:
-                kwargs["math"] = math
-        v = tpcheck.compare(_host(single), _host(sharded, single.dtype) if sharded.dtype != single.dtype else _host(sharded),
-                            _host(truth, torch.float64) if truth is not None else None,
-                            rounding_noise=_host(noise, torch.float64) if noise is not None else None,
-                            **kwargs)
-        stats = {k: (list(v) if isinstance(v, tuple) else v) for k, v in v.statistics.items()}
-        self.entries.append({"name": name, "kind": kind, "statistics": stats,
-                             "verdicts": {policy: {"passed": v.passed, "status": v.status,
-                                                   "reason": v.reason}},
-                             "truth_model": v.error_model if policy == "truth" else None,
+                kwargs["math"] = model["math"]
+        v = compare(_host(single), _host(sharded, single.dtype), _host(truth, torch.float64),
+                    rounding_noise=_host(noise, torch.float64), **kwargs)
+        entry = v.to_dict()
+        self.entries.append({"name": name, "kind": kind, "statistics": entry["statistics"],
+                             "verdicts": {self.policy: {"passed": v.passed, "status": v.status,
+                                                        "reason": v.reason}},
+                             "truth_model": v.error_model if self.policy == "truth" else None,
                              **(extra or {})})
 
     @property
     def failures(self) -> list[dict[str, Any]]:
-        return [e for e in self.entries if not all(x["passed"] for x in e["verdicts"].values())]
+        out = []
+        for e in self.entries:
+            bad = [(p, v) for p, v in e["verdicts"].items() if not v["passed"]]
+            if bad:
+                out.append(dict(e, policy=bad[0][0], reason=bad[0][1]["reason"]))
+        return out
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def assert_ok(self) -> "TPReport":
-        """Raises AssertionError naming the first failing tensor, its kind and reason."""
-        bad = self.failures
-        if bad:
-            e = bad[0]
-            (pol, v), = list(e["verdicts"].items())[:1]
-            more = f" (and {len(bad) - 1} more: {[b['name'] for b in bad[1:6]]})" if len(bad) > 1 else ""
-            raise AssertionError(f"tpcheck compare_tp, rank {self.rank} of {self.tp_size}: "
-                                 f"{e['kind']} {e['name']!r} fails {pol}: {v['reason']}{more}")
-        return self
+    def _failure_message(self) -> str:
+        return (f"tpcheck compare_tp, rank {self.rank} of {self.tp_size}: "
+                + failure_summary(self.failures,
+                                  lambda e: f"{e['kind']} {e['name']!r} fails {e['policy']}: "
+                                            f"{e['reason']}"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "tpcheck.compare_tp/1", "policy": self.policy, "rank": self.rank,
-                "tp_size": self.tp_size, "passed": self.passed, "error_model": self.error_model,
+        return {"schema": SCHEMA_COMPARE_TP, "policy": self.policy, "rank": self.rank,
+                "tp_size": self.tp_size, "passed": self.passed, "backward": self.backward,
+                "notes": list(self.notes), "error_model": self.error_model,
                 "tensors": self.entries, "seconds": self.seconds}
-
-    def to_json(self, indent: Optional[int] = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=str)
 
     def to_html(self) -> str:
         """A self-contained table of the verdicts (one row per tensor)."""
-        import html
         rows = []
         for e in self.entries:
-            (pol, v), = list(e["verdicts"].items())[:1]
+            pol, v = _first_verdict(e)
             color = {"pass": "#dfd", "warning": "#ffd", "fail": "#fdd"}[v["status"]]
             rows.append(f"<tr style='background:{color}'><td>{html.escape(e['name'])}</td>"
                         f"<td>{e['kind']}</td><td>{pol}</td><td>{v['status']}</td>"
                         f"<td>{html.escape(v['reason'])}</td></tr>")
+        notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes)
         return ("<!doctype html><meta charset='utf-8'><title>tpcheck compare_tp</title>"
                 f"<h1>compare_tp, rank {self.rank} of {self.tp_size}: "
-                f"{'PASS' if self.passed else 'FAIL'} under {self.policy}</h1>"
+                f"{'PASS' if self.passed else 'FAIL'} under {self.policy}</h1>{notes}"
                 "<table border=1 cellpadding=3><tr><th>tensor</th><th>kind</th><th>policy</th>"
                 "<th>status</th><th>reason</th></tr>" + "".join(rows) + "</table>")
 

@@ -1,0 +1,172 @@
+"""compare_tp's judging rank (the group's rank 0): the unsharded run, the module truth, the
+error model, and every verdict, each a function over the call (_call.Call)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .._errors import InputError
+from .._names import REPORT_KIND_INPUT_GRADIENT, REPORT_KIND_OUTPUT, REPORT_KIND_PARAMETER_GRADIENT
+from ._call import WHO, Call, forward_backward
+from ._checks import buffers, check_buffers_unchanged
+from ._gemm import GemmTrace, choose_math
+from ._group import portable
+from ._module_truth import ModuleTruth, module_truth
+from ._report import TPReport
+from ._runs import input_gradients, leaf_inputs
+
+__all__ = ["judge_on_root"]
+
+# name → (kind, single's tensor, the gathered sharded tensor)
+Pairs = dict[str, tuple[str, torch.Tensor, torch.Tensor]]
+
+_NO_BACKWARD = ("no backward ran ({why}): the outputs and the parameters' gather are "
+                "judged, no gradient is")
+
+
+def _single_run(c: Call) -> tuple[dict, dict, dict]:
+    """The unsharded module's forward (+ backward) on the global inputs: (outputs, input
+    gradients, its GEMM trace's summary)."""
+    before = buffers(c.single)
+    for p in c.single.parameters():
+        p.grad = None
+    s_args, s_kwargs = leaf_inputs(c.args, c.kwargs, lambda _name, t: t.clone())
+    with GemmTrace(c.want_trace, c.device) as tr:
+        outs, _, ran = forward_backward(c, c.single, s_args, s_kwargs, False)
+    check_buffers_unchanged("unsharded", c.single, before)
+    if ran != c.backward:
+        raise InputError(f"{WHO}: backward ran in the {'unsharded' if ran else 'sharded'} run "
+                         "only (a scalar output in one of them); pass grad_output= or "
+                         "backward=False")
+    grads = input_gradients(s_args, s_kwargs, missing_as_zeros=False) if ran else {}
+    c.clock.lap("unsharded run")
+    return outs, grads, tr.summary()
+
+
+def _pairs(c: Call, outputs: dict, input_grads: dict) -> Pairs:
+    """Every tensor of the unsharded run with its gathered sharded counterpart."""
+    pairs: Pairs = {}
+    for k, v in outputs.items():
+        if k not in c.sharded_full:
+            raise InputError(f"{WHO}: the sharded module returned no {k!r}; expected the "
+                             "outputs of the unsharded module")
+        got = c.sharded_full[k][1]
+        if tuple(got.shape) != tuple(v.shape):
+            raise InputError(f"{WHO}: output {k!r} gathered from the shards has shape "
+                             f"{tuple(got.shape)}, the unsharded output {tuple(v.shape)}; "
+                             f"pass output_dims={{{k!r}: dim}} for an output that stays sharded")
+        pairs[k] = (REPORT_KIND_OUTPUT, v, got)
+    for k, g in input_grads.items():
+        if k in c.sharded_full:
+            pairs[k] = (REPORT_KIND_INPUT_GRADIENT, g, c.sharded_full[k][1])
+    for k, p in c.single_params.items():
+        kind, got = c.sharded_full.get(k, (None, None))
+        if kind == REPORT_KIND_PARAMETER_GRADIENT:
+            pairs[k] = (kind, p.grad if p.grad is not None else torch.zeros_like(p), got)
+    return pairs
+
+
+def _truth(c: Call) -> Optional[ModuleTruth]:
+    """The module truth the truth policy judges against: the caller's, or computed here."""
+    o = c.opts
+    if o.policy != "truth":
+        return None
+    if o.truth is not None:
+        return o.truth
+    t = module_truth(c.single, *c.args, grad_output=o.grad_output, backward=c.backward,
+                     probe=o.probe, **c.kwargs)
+    c.clock.lap("truth")
+    return t
+
+
+def _error_model(c: Call, truth: Optional[ModuleTruth], traces: list[dict]) -> tuple[dict, dict]:
+    """(the report's error_model, the model each tensor is judged under)."""
+    o = c.opts
+    calls = sum(t["calls"] for t in traces)
+    classes = sorted({k for t in traces for k in t["classes"]})
+    math, source = choose_math(o.math, o.unit_roundoff, set(classes) if calls else None, c.device)
+    k = o.reduction_length if o.reduction_length is not None else \
+        max(1, truth.reduction_length if truth is not None else 1)
+    judged = {"unit_roundoff": o.unit_roundoff, "math": math, "reduction_length": k,
+              "tp_size": c.tp_size, "multiplier": o.multiplier, "floor_factor": o.floor_factor}
+    reported = {"multiplier": o.multiplier, "floor_factor": o.floor_factor,
+                "reduction_length": k, "tp_size": c.tp_size, "math": math,
+                "math_source": source, "gemm_classes": classes if calls else None,
+                "gemm_calls_traced": calls,
+                "gemm_trace_note": None if calls else traces[0]["why_not"]}
+    return reported, judged
+
+
+def _copies(c: Call, payloads: list[dict]) -> dict[str, list[tuple[int, torch.Tensor]]]:
+    """Other ranks' replicas that differ from rank 0's: {key: [(rank, tensor)]}."""
+    out: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for r, p in enumerate(payloads):
+        for key, t in p["copies"].items():
+            out.setdefault(key, []).append((r, t.to(c.device)))
+    return out
+
+
+def _judge_parameters(c: Call, report: TPReport, copies: dict) -> None:
+    """The gathered parameters (and differing replicated copies) against single's."""
+    if not c.opts.check_parameters:
+        return
+    for k, full in c.gathered_params.items():
+        single = c.single_params[k].detach()
+        source = c.specs[k].source
+        report.add_parameter_check(k, single, full, source)
+        for r, t in copies.get(f"p:{k}", []):
+            report.add_parameter_check(f"{k} (rank {r}'s copy)", single, t, source,
+                                       extra={"rank": r, "copy_of": k})
+
+
+def _judge_tensors(report: TPReport, pairs: Pairs, truth: Optional[ModuleTruth],
+                   copies: dict, model: dict) -> None:
+    """Every output and gradient (and differing replicated copies) under the policy."""
+    truths = truth.tensors() if truth is not None else {}
+    noises = truth.noise.tensors() if truth is not None and truth.noise is not None else {}
+    for k, (kind, s, p) in pairs.items():
+        t = truths.get(k, (None, None))[1]
+        nz = noises.get(k, (None, None))[1]
+        report.judge(k, kind, s, p, t, nz, model)
+        for r, copy in copies.get(f"t:{k}", []):
+            report.judge(f"{k} (rank {r}'s copy)", kind, s, copy, t, nz, model,
+                         extra={"rank": r, "copy_of": k})
+
+
+def _judge(c: Call, payloads: list[dict]) -> TPReport:
+    """Rank 0's part: the unsharded run, the truth, and every verdict."""
+    c.clock.lap("collecting")
+    outputs, input_grads, single_trace = _single_run(c)
+    pairs = _pairs(c, outputs, input_grads)
+    truth = _truth(c)
+    traces = [single_trace] + [p["trace"] for p in payloads if p["trace"] is not None]
+    reported, model = _error_model(c, truth, traces)
+    report = TPReport(c.opts.policy, c.g.rank, c.tp_size, reported)
+    report.backward = c.backward
+    if not c.backward:
+        why = ("backward=False" if c.opts.backward is False
+               else "no grad_output was given and the output is not a scalar")
+        report.notes.append(_NO_BACKWARD.format(why=why))
+    copies = _copies(c, payloads)
+    _judge_parameters(c, report, copies)
+    _judge_tensors(report, pairs, truth, copies, model)
+    c.clock.lap("judging")
+    report.seconds = c.clock.done()
+    return report
+
+
+def judge_on_root(c: Call, payloads: list[dict]) -> tuple[Optional[TPReport], Any,
+                                                          Optional[BaseException]]:
+    """(rank 0's report, the outcome every rank gets, rank 0's own error): the first
+    rank's error if any rank failed, else the judged report's shared part."""
+    errors = [p["error"] for p in payloads]
+    first = next((r for r, e in enumerate(errors) if e is not None), None)
+    if first is not None:
+        return None, ("error", first, errors[first]), None
+    try:
+        report = _judge(c, payloads)
+        return report, ("report", report.shared()), None
+    except Exception as e:  # noqa: BLE001 - sent to every rank
+        return None, ("error", 0, portable(e)), e

@@ -1,0 +1,134 @@
+"""tpcheck.layer_truth: the fp64 truth of one of tpcheck's reference layers (its own
+implementation of TransformerEngine's Linear, LayerNorm, RMSNorm, LayerNormLinear,
+LayerNormMLP, MultiheadAttention, TransformerLayer; docs/LAYERS.md), given the module's
+options and parameters.
+
+    t = tpcheck.layer_truth("LayerNormMLP", {"hidden_size": 64, "ffn_hidden_size": 256},
+                            module.state_dict(), x, grad_output=dy)
+    t.output, t.input_grads["input"], t.grads["fc1_weight"]      # numpy float64
+
+For any nn.Module use the module truth, tpcheck.torch.truth (tpcheck.judge.module_truth):
+both results have the same fields (outputs, output, input_grads, grads).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any, Mapping, Optional
+
+from .. import _tpcheck
+from .._errors import InputError
+from ._compiled import input_errors
+from ._verdict import TruthTensor, as_dlpack, detached
+
+__all__ = ["LayerTruth", "layer_truth", "layer_parameters"]
+
+
+class LayerTruth:
+    """fp64 results of tpcheck.layer_truth: `outputs` ({"output", "bias"?,
+    "layernorm_output"?}), `output` (outputs["output"]), `input_grads` ({"input": ...};
+    empty without grad_output), `grads` (parameter name → gradient, the state_dict names;
+    empty without grad_output). numpy float64 arrays (DLPack: torch.from_dlpack shares
+    them). `truth_for(name, ...)` gives one of them to tpcheck.compare."""
+
+    __slots__ = ("outputs", "grads", "input_grads")
+
+    def __init__(self, raw: Mapping[str, Any]):
+        self.outputs: dict[str, Any] = dict(raw["outputs"])
+        self.grads: dict[str, Any] = dict(raw["grads"])
+        grad = raw["grad_input"]
+        self.input_grads: dict[str, Any] = {} if grad is None else {"input": grad}
+
+    @property
+    def output(self) -> Any:
+        return self.outputs["output"]
+
+    @property
+    def grad_input(self) -> Any:
+        """Deprecated: input_grads["input"] (None without grad_output)."""
+        warnings.warn("LayerTruth.grad_input is deprecated: use input_grads['input'] (the "
+                      "field the module truth has too)", DeprecationWarning, stacklevel=2)
+        return self.input_grads.get("input")
+
+    def tensors(self) -> dict[str, Any]:
+        """Every result under one name space: outputs, "input", then the parameters."""
+        return {**self.outputs, **self.input_grads, **self.grads}
+
+    def truth_for(self, name: str, *, reduction_length: Optional[int] = None,
+                  tp_size: Optional[int] = None) -> TruthTensor:
+        """The tensor `name` for tpcheck.compare, with the error model's K and N given here
+        (the layer truth does not measure K: pass the layer's longest GEMM reduction)."""
+        found = self.tensors()
+        if name not in found:
+            raise InputError(f"LayerTruth.truth_for: no tensor {name!r}; expected one of {sorted(found)}")
+        return TruthTensor(found[name], reduction_length, tp_size, None, name)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self.outputs.items()}
+        return f"LayerTruth(outputs={shapes}, grads={sorted(self.grads)})"
+
+
+# TransformerEngine constructor keywords that say where a module lives or how it is
+# distributed, not what it computes: the truth is one f64 run on one device.
+_PLACEMENT_KEYWORDS = frozenset({
+    "params_dtype", "device", "tp_group", "tp_size", "set_parallel_mode",
+    "get_rng_state_tracker", "rng_tracker_name", "name", "ub_name", "ub_overlap_ag",
+    "ub_overlap_rs", "ub_overlap_rs_dgrad", "ub_bulk_wgrad", "ub_bulk_dgrad",
+    "ub_overlap_ag_fprop", "ub_overlap_rs_fprop", "ub_overlap_ag_dgrad"})
+
+
+def _options_json(options: Optional[Mapping[str, Any]]) -> str:
+    opts = {k: v for k, v in dict(options or {}).items() if k not in _PLACEMENT_KEYWORDS}
+    try:
+        return json.dumps(opts)
+    except TypeError as e:
+        raise InputError(f"layer options must be plain values (numbers, strings, lists): {e}") from e
+
+
+def layer_parameters(layer: str, options: Optional[Mapping[str, Any]] = None) -> dict[str, tuple]:
+    """The parameters tpcheck's `layer` has with these options: {state_dict name: shape}."""
+    with input_errors():
+        shapes = _tpcheck.layer_parameters(layer, _options_json(options))
+    return {name: tuple(shape) for name, shape in shapes}
+
+
+def _arrays(params: Mapping[str, Any], grad_output: Any) -> tuple[dict, dict]:
+    """The parameters (without TransformerEngine's "_extra_state") and the output
+    gradients by name, as DLPack arrays."""
+    prepared = {str(k): as_dlpack(detached(v), f"params['{k}']")
+                for k, v in dict(params).items() if not str(k).endswith("_extra_state")}
+    if grad_output is None:
+        grads = {}
+    elif isinstance(grad_output, Mapping):
+        grads = {str(k): as_dlpack(detached(v), f"grad_output['{k}']")
+                 for k, v in grad_output.items()}
+    else:
+        grads = {"output": as_dlpack(detached(grad_output), "grad_output")}
+    return prepared, grads
+
+
+def layer_truth(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[str, Any],
+                inputs: Any, grad_output: Any = None, device: str = "cpu") -> LayerTruth:
+    """fp64 outputs (and, with grad_output, parameter and input gradients) of tpcheck's
+    implementation of the reference library's `layer` ("Linear", "LayerNorm", "RMSNorm",
+    "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer").
+
+    options: the layer's constructor keywords (TransformerEngine's names: hidden_size,
+    ffn_hidden_size, activation, normalization, bias, return_bias, ...); placement keywords
+    (params_dtype, device, tp_group, tp_size, ...) are ignored: the truth is one f64 run.
+    params: the module's state_dict (or any name → array mapping); "_extra_state" entries
+    are skipped; names and shapes must be the layer's (an error lists expected vs given).
+    inputs: the input array (the whole, unsharded one). grad_output: the loss gradient of
+    the output (an array), or a dict {"output", "bias", "layernorm_output"} for layers
+    that return more; returned tensors not in it get zero gradient.
+    """
+    if isinstance(inputs, (list, tuple)):
+        if len(inputs) != 1:
+            raise InputError(f"inputs: tpcheck's layers take one input, got {len(inputs)}")
+        inputs = inputs[0]
+    inputs = as_dlpack(detached(inputs), "inputs")
+    prepared, grads = _arrays(params, grad_output)
+    with input_errors():
+        raw = _tpcheck.truth(layer, _options_json(options), prepared, inputs, grads, device)
+    return LayerTruth(raw)
