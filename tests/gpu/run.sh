@@ -392,6 +392,35 @@ if has grid; then
     --out "$out/calibration/grid_cuda.md" ${TPCHECK_GRID_ARGS:-}
 fi
 
+# Not in the default stages: models — real TP libraries under tpcheck emulate, judged by
+# compare_tp (issue 42 item 5): Megatron-core's GPT TransformerLayer at TP 2, 4, 8 (f32 and
+# bf16) and the Hugging Face models of tests/python/test_hf_models.py (bf16; f32 with TF32),
+# tests/gpu/megatron_layer.py. Needs the packed Python package (pack_python.sh), transformers
+# in python3, and megatron-core's wheel in a carried .whl/ folder (that script says how).
+if has models; then
+  if [ -d "$root/.devrun/python/tpcheck" ]; then
+    export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
+    unset PYTHONDONTWRITEBYTECODE   # as in the emulate stage: torch and transformers compiled once
+    export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/tpcheck-pycache"
+    mcore="${TMPDIR:-/tmp}/tpcheck-megatron"
+    whl="$(ls "$root"/.whl/megatron_core-*.whl 2>/dev/null | head -1)"
+    parts="hf"
+    if [ -n "$whl" ] && python3 -m pip install -q --no-deps --target "$mcore" "$whl" >"$out/models_pip.log" 2>&1; then
+      export PYTHONPATH="$PYTHONPATH:$mcore"
+      parts="megatron hf"
+    else
+      row "models: megatron-core" "not installed: no .whl/megatron_core-*.whl or pip failed (models_pip.log)" ""
+    fi
+    # shellcheck disable=SC2086
+    timed "models: $parts under compare_tp, TP 2 4 8" models.log \
+      python3 "$root/tests/gpu/megatron_layer.py" --out "$out/models" --parts $parts
+    cat "$out/models.log" >>"$out/failures.txt"
+    cp "$out/models/summary.json" "$out/models_summary.json" 2>/dev/null
+  else
+    row "models" "not packed: run tests/gpu/pack_python.sh here first" ""
+  fi
+fi
+
 # The GEMM algorithm / class differences of every suite run, in one file.
 ls "$out"/te_cuda_tp*.json >/dev/null 2>&1 &&
   python3 "$root/scripts/gemm_class_table.py" "$out"/te_cuda_tp*.json >"$out/class_tables.md" 2>&1

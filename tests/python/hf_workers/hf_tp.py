@@ -213,7 +213,8 @@ def job(j: dict) -> list[dict]:
     dy = torch.randn(BATCH, SEQ, vocab, generator=g).to(device)
     results = []
     for policy in j["policies"]:
-        head = {**{k: j[k] for k in ("family", "seed", "bug")}, "policy": policy}
+        head = {**{k: j[k] for k in ("family", "seed", "bug")}, "policy": policy,
+                "dtype": j.get("dtype", "float32"), "tf32": bool(j.get("tf32", False))}
         t1 = time.perf_counter()
         try:
             report = compare_tp(single, sharded, (), {"input_ids": ids, "use_cache": False},
@@ -247,6 +248,7 @@ def main():
                 results += job(j)
             except Exception as e:  # a job's error is its result; the others still run
                 results += [{**{k: j[k] for k in ("family", "seed", "bug")}, "policy": p,
+                             "dtype": j.get("dtype", "float32"), "tf32": bool(j.get("tf32", False)),
                              "error": f"{type(e).__name__}: {e}",
                              "traceback": traceback.format_exc()} for p in j["policies"]]
     finally:
