@@ -570,6 +570,13 @@ void set_cpu_gemm_threads(int threads);
 int cpu_gemm_threads();
 // The CPU GEMM library and its build ("OpenBLAS 0.3.21 ..."), for reports.
 std::string cpu_gemm_library();
+// A 16-hex-digit hash of the bits this machine's sgemm and dgemm give on fixed operands at
+// the suite's GEMM shapes, one thread. OpenBLAS picks its kernels by CPU at run time, and
+// two kernels of one library version can round f32 sums differently: two machines whose
+// fingerprints differ give CPU reports that differ in the last bits (the same build printed
+// SkylakeX on one 2-core VM and Cooperlake on another). Reports carry it beside
+// cpu_gemm_library.
+std::string cpu_gemm_fingerprint();
 
 // The rounding probe (Monte-Carlo arithmetic) for the truth policy's cancellation floor
 // (docs/POLICIES.md), as a decorator: `target`'s ops run unchanged, then every f64 tensor

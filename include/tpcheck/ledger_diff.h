@@ -17,10 +17,11 @@
 #include <vector>
 
 #include "tpcheck/cublaslt_log.h"
+#include "tpcheck/names.h"
 
 namespace tpcheck {
 
-inline constexpr std::string_view kTraceSchema = "tpcheck.trace/1";
+using names::kTraceSchema;
 
 nlohmann::json cublaslt_call_to_json(const CublasLtCall& call);
 // Error(kInput) naming `where` and the key when the object is not a call.

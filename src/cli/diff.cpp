@@ -29,7 +29,7 @@ nlohmann::json read_json(const std::string& path) {
 std::string schema_of(const nlohmann::json& j, const std::string& path) {
   const std::string schema = j.is_object() ? j.value("schema", "") : "";
   TPCHECK_CHECK_INPUT(schema == kTraceSchema || schema == kEmulateSchema ||
-                          schema == "tpcheck.run/1",
+                          schema == names::kRunSchema,
                       "'{}' has schema '{}'; expected a trace ledger ({}), an emulate ledger ({}) "
                       "or a run report (tpcheck.run/1)",
                       path, schema, kTraceSchema, kEmulateSchema);
@@ -110,7 +110,7 @@ int diff_command(const DiffArgs& args) {
   const std::string sa = schema_of(ja, args.a), sb = schema_of(jb, args.b);
   // An emulate ledger holds one trace ledger per rank: comparable with another emulate
   // ledger or with a trace ledger (a single process, e.g. a TP 1 run under tpcheck trace).
-  const bool ledgers = sa != "tpcheck.run/1" && sb != "tpcheck.run/1";
+  const bool ledgers = sa != names::kRunSchema && sb != names::kRunSchema;
   if (ledgers && (sa == kEmulateSchema || sb == kEmulateSchema)) {
     return diff_emulate_ledgers(args.a, ja, args.b, jb);
   }

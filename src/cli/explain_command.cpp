@@ -12,6 +12,7 @@
 #include "tpcheck/error.h"
 #include "tpcheck/explain.h"
 #include "tpcheck/html_report.h"
+#include "tpcheck/names.h"
 #include "tpcheck/run_suite.h"
 
 namespace tpcheck {
@@ -76,7 +77,7 @@ int explain_command(const RunOptions& options, const std::string& case_id) {
   print_case(std::cout, e.result, prepared.settings);
   print_explanation(std::cout, e);
   if (json_file.is_open()) {
-    nlohmann::json j = {{"schema", "tpcheck.explain/1"},
+    nlohmann::json j = {{"schema", names::kExplainSchema},
                         {"run", run_to_json({e.result}, prepared.settings)},
                         {"explanation", explanation_to_json(e)}};
     json_file << j.dump(1) << "\n";

@@ -9,7 +9,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tpcheck/names.h"
+
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tpcheck {
@@ -38,7 +41,7 @@ CLI::App* add_diff_command(CLI::App& app, DiffArgs& args);
 int diff_command(const DiffArgs& args);
 
 // The schema of `python -m tpcheck emulate --trace DIR`'s DIR/ledger.json.
-inline constexpr const char* kEmulateSchema = "tpcheck.emulate/1";
+using names::kEmulateSchema;
 // diff_command's path when A or B is an emulate ledger (the other one an emulate or a
 // trace ledger): GEMMs and collectives per rank (emulate_diff.cpp). 0 no change, 1 some.
 int diff_emulate_ledgers(const std::string& path_a, const nlohmann::json& a,

@@ -11,6 +11,7 @@
 #include "explain/trail.h"
 #include "tpcheck/error.h"
 #include "tpcheck/explain.h"
+#include "tpcheck/names.h"
 
 namespace tpcheck {
 namespace {
@@ -176,7 +177,7 @@ std::vector<std::string> attribute(const PickedTensors& picked, CaseExplanation&
     x.max_abs_diff = t.comparison.max_abs_diff;
     x.single_err = t.comparison.single_vs_truth.rms;
     x.sharded_err = t.comparison.sharded_vs_truth.rms;
-    const bool output = t.kind == "output";
+    const bool output = t.kind == names::kOutput;
     for (const GemmClassDiff& d : result.gemm_class_diffs) {
       if (output && !is_forward_site(d.site)) continue;  // outputs depend on the forward only
       x.upstream_diffs.push_back(d);
@@ -286,7 +287,7 @@ void close_tensor(const TensorResult& t, std::size_t truth_policy,
   for (const GemmClassDiff& d : x.upstream_diffs) {
     if (d.site == x.best_site) best = &d;
   }
-  const std::string tensor = fmt::format("`{}`{}", x.name, x.kind == "gradient" ? " gradient" : "");
+  const std::string tensor = fmt::format("`{}`{}", x.name, x.kind == names::kParameterGradient ? " gradient" : "");
   if (x.norm_rel_diff == 0 && t.comparison.max_abs_diff == 0) {
     x.cause = "identical";
     x.sentence = fmt::format("identical: the sharded run reproduces single's {} exactly.", tensor);

@@ -371,7 +371,7 @@ void diff_gemm_sites(const std::string& id, const json& ca, const json& cb,
 
 std::vector<std::string> diff_run_reports_unchecked(const json& a, const json& b) {
   for (const json* r : {&a, &b}) {
-    TPCHECK_CHECK_INPUT(r->is_object() && r->value("schema", "") == "tpcheck.run/1",
+    TPCHECK_CHECK_INPUT(r->is_object() && r->value("schema", "") == names::kRunSchema,
                         "not a run report (expected schema 'tpcheck.run/1')");
     TPCHECK_CHECK_INPUT(r->contains("environment") && r->contains("cases"),
                         "run report lacks 'environment' or 'cases'");

@@ -46,6 +46,7 @@
 #include "tpcheck/error.h"
 #include "tpcheck/gemm_record.h"
 #include "tpcheck/ledger_diff.h"
+#include "tpcheck/names.h"
 #include "tpcheck/numerics.h"
 #include "tpcheck/run_options.h"
 #include "tpcheck/run_suite.h"
@@ -380,6 +381,51 @@ void probe_factors_into(std::uintptr_t address, std::int64_t first, std::int64_t
     out[i] = random_math::probe_factor(u, seed, static_cast<std::uint64_t>(first + i));
 }
 
+// The names both sides use (include/tpcheck/names.h), for python/tpcheck/_names.py.
+nb::dict shared_names() {
+  namespace n = tpcheck::names;
+  nb::dict kinds, schemas;
+  kinds["output"] = std::string(n::kOutput);
+  kinds["parameter_gradient"] = std::string(n::kParameterGradient);
+  kinds["input_gradient"] = std::string(n::kInputGradient);
+  schemas["run"] = std::string(n::kRunSchema);
+  schemas["explain"] = std::string(n::kExplainSchema);
+  schemas["trace"] = std::string(n::kTraceSchema);
+  schemas["emulate"] = std::string(n::kEmulateSchema);
+  schemas["compare_tp"] = std::string(n::kCompareTpSchema);
+  nb::list dtypes, orders;
+  for (tpcheck::DType d : {tpcheck::DType::kF64, tpcheck::DType::kF32, tpcheck::DType::kF16,
+                           tpcheck::DType::kBF16, tpcheck::DType::kF8E4M3, tpcheck::DType::kF8E5M2,
+                           tpcheck::DType::kF4E2M1, tpcheck::DType::kF8E8M0}) {
+    dtypes.append(std::string(tpcheck::dtype_name(d)));
+  }
+  for (tpcheck::CommOrder o : {tpcheck::CommOrder::kNcclRing, tpcheck::CommOrder::kRank}) {
+    orders.append(std::string(tpcheck::comm_order_name(o)));
+  }
+  nb::dict out;
+  out["report_kinds"] = kinds;
+  out["schemas"] = schemas;
+  out["dtypes"] = dtypes;
+  out["comm_orders"] = orders;
+  out["probe_u"] = n::kProbeU;
+  return out;
+}
+
+// tpcheck::Error as the package's own exception types (python/tpcheck/_errors.py): input
+// errors as InputError, the rest as RunError; the builtin ValueError / RuntimeError where
+// the package's module cannot be imported (the module used on its own).
+void raise_tpcheck_error(const tpcheck::Error& e) {
+  const bool input = e.kind() == tpcheck::ErrorKind::kInput;
+  PyObject* type = input ? PyExc_ValueError : PyExc_RuntimeError;
+  nb::object cls;
+  try {
+    cls = nb::module_::import_("tpcheck._errors").attr(input ? "InputError" : "RunError");
+    type = cls.ptr();
+  } catch (const nb::python_error&) {
+  }
+  PyErr_SetString(type, e.what());
+}
+
 double math_class_u(const std::string& name) {
   return math_class_unit_roundoff(parse_math_class(name));
 }
@@ -394,10 +440,9 @@ NB_MODULE(_tpcheck, m) {
     try {
       std::rethrow_exception(p);
     } catch (const tpcheck::Error& e) {
-      PyErr_SetString(e.kind() == tpcheck::ErrorKind::kInput ? PyExc_ValueError : PyExc_RuntimeError,
-                      e.what());
+      raise_tpcheck_error(e);
     } catch (const nlohmann::json::exception& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      raise_tpcheck_error(tpcheck::Error(tpcheck::ErrorKind::kInput, e.what()));
     }
   });
   m.def("compare", &compare, "sharded"_a, "single"_a, "truth"_a.none(), "rounding_noise"_a.none(),
@@ -432,6 +477,11 @@ NB_MODULE(_tpcheck, m) {
   m.def("trace_diff", &trace_diff, "a"_a, "b"_a, "label_a"_a, "label_b"_a,
         "Two trace ledgers' calls aligned and compared: (text, anything differs).");
   m.def("policy_names", &tpcheck::policy_names, "The policies compare accepts.");
+  m.def("shared_names", &shared_names,
+        "Names the C++ program and the package share (include/tpcheck/names.h).");
+  m.def("cpu_gemm_fingerprint", &tpcheck::cpu_gemm_fingerprint,
+        "Hash of this machine's sgemm/dgemm bits at the suite's shapes (reports' "
+        "environment.cpu_gemm_fingerprint).");
   m.def("cuda_devices", [] { return tpcheck::query_devices().cuda_devices; },
         "GPUs this build can use (0 when built without CUDA).");
   m.def("built_with_cuda", [] {

@@ -1,6 +1,7 @@
 // Console report: a line per case, reference-style failure lines, the closing summary.
 #include <fmt/ostream.h>
 
+#include "tpcheck/names.h"
 #include "tpcheck/report.h"
 
 namespace tpcheck {
@@ -61,8 +62,8 @@ void print_case(std::ostream& out, const CaseResult& result, const RunSettings& 
     const StepResult& step = deciding_step(result, p);
     for (const TensorResult& t : step.tensors) {
       if (t.verdicts[p].passed() || !t.comparison.has_tolerance || t.comparison.numel == 0) continue;
-      const std::string label = t.kind == "gradient"         ? std::to_string(t.index)
-                                : t.kind == "input_gradient" ? "input"
+      const std::string label = t.kind == names::kParameterGradient ? std::to_string(t.index)
+                                : t.kind == names::kInputGradient   ? "input"
                                                              : "outputs";
       fmt::print(out, "     {}{}  [{}]\n", several_steps ? fmt::format("step {}: ", step.step) : "",
                  format_te_failure(label, t.comparison), t.name);

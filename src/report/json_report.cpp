@@ -2,6 +2,7 @@
 #include <ctime>
 
 #include "tpcheck/device.h"
+#include "tpcheck/names.h"
 #include "tpcheck/report.h"
 
 namespace tpcheck {
@@ -182,6 +183,7 @@ json run_to_json(const std::vector<CaseResult>& results, const RunSettings& sett
                      {"backend", settings.backend},
                      {"devices", device.description},
                      {"cpu_gemm_library", cpu_gemm_library()},
+                     {"cpu_gemm_fingerprint", cpu_gemm_fingerprint()},
                      {"cpu_gemm_threads", cpu_gemm_threads()},
                      {"suite", settings.suite},
                      {"tp", settings.tp},
@@ -194,7 +196,7 @@ json run_to_json(const std::vector<CaseResult>& results, const RunSettings& sett
                      {"tolerance_override", compare},
                      {"notes", settings.notes}};
   environment.update(settings.environment);
-  return {{"schema", "tpcheck.run/1"},
+  return {{"schema", names::kRunSchema},
           {"environment", std::move(environment)},
           {"cases", std::move(cases)},
           {"summary", {{"passed", s.passed}, {"failed", s.failed},

@@ -23,6 +23,7 @@
 
 #include "tpcheck/error.h"
 #include "tpcheck/layers/any_layer.h"
+#include "tpcheck/names.h"
 #include "tpcheck/suite.h"
 
 namespace tpcheck {
@@ -356,9 +357,8 @@ void check_case(const SuiteCase& c, const RunConfig& config) {
   make_layer(LayerSpec{c.module, c.options}, sharded_ctx);
 }
 
-// The rounding probe's relative perturbation: small enough for first order, far above
-// f64 rounding (2⁻⁵²).
-constexpr double kProbeU = 0x1.0p-30;
+// The rounding probe's relative perturbation (include/tpcheck/names.h).
+using names::kProbeU;
 
 namespace {
 
@@ -521,27 +521,27 @@ std::vector<ComparedTensor> compared_tensors(const CaseResults& r, int step,
     return assemble_shards(shards, spec);
   };
   // `member` picks the tensor out of a run's StepOutputs; `spec` reassembles the ranks'.
-  auto add = [&](std::string name, std::string kind, int index, const ShardSpec& spec,
+  auto add = [&](std::string name, std::string_view kind, int index, const ShardSpec& spec,
                  auto member) {
     const Tensor t = member(tr);
-    tensors.push_back(ComparedTensor{std::move(name), std::move(kind), index, member(sg),
+    tensors.push_back(ComparedTensor{std::move(name), std::string(kind), index, member(sg),
                                      gather(member, spec), t, noise_of(member(pr), t)});
   };
-  add("output", "output", -1, out.output, [](const StepOutputs& o) { return o.outputs.output; });
+  add("output", names::kOutput, -1, out.output, [](const StepOutputs& o) { return o.outputs.output; });
   if (sg.outputs.bias.defined()) {
-    add("bias", "output", -1, out.bias, [](const StepOutputs& o) { return o.outputs.bias; });
+    add("bias", names::kOutput, -1, out.bias, [](const StepOutputs& o) { return o.outputs.bias; });
   }
   if (sg.outputs.layernorm_output.defined()) {
-    add("layernorm_output", "output", -1, out.layernorm_output,
+    add("layernorm_output", names::kOutput, -1, out.layernorm_output,
         [](const StepOutputs& o) { return o.outputs.layernorm_output; });
   }
   // The gradient that flows to the previous layer: reassembled like the input
   // (token-sharded under sequence parallel, replicated otherwise).
-  add("input", "input_gradient", -1, r.sharded_layouts->input,
+  add("input", names::kInputGradient, -1, r.sharded_layouts->input,
       [](const StepOutputs& o) { return o.input_gradient; });
-  const std::vector<std::string>& names = r.layouts->param_names;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    add(names[i], "gradient", static_cast<int>(i), r.sharded_layouts->param_shards[i],
+  const std::vector<std::string>& param_names = r.layouts->param_names;
+  for (std::size_t i = 0; i < param_names.size(); ++i) {
+    add(param_names[i], names::kParameterGradient, static_cast<int>(i), r.sharded_layouts->param_shards[i],
         [i](const StepOutputs& o) { return o.gradients[i]; });
   }
   return tensors;
