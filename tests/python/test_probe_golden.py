@@ -12,15 +12,23 @@ a109c31, the thread-local probe) wrote for the runs in RUNS.
 
 What is left out of the comparison, and why: the wall-clock fields (each case's `seconds`,
 the environment's `date`), the environment's `devices` (what the build and machine offer:
-a CUDA build writes another sentence) and its `cpu_gemm_library` (the CPU core OpenBLAS
-detected: the same build names SkylakeX on one VM of this kind and Cooperlake on another,
-with every figure equal bit for bit, 2026-12-05). Everything else, the environment's
-compiler included, is compared as written: the bits are those of this machine's OpenBLAS
-kernels, so the golden fails, and must be regenerated from the older code, on a machine
-whose OpenBLAS kernels round differently (the first mismatching line says where).
+a CUDA build writes another sentence), its `cpu_gemm_library` (the CPU core OpenBLAS
+detected, a name: the same build names SkylakeX on one VM of this kind and Cooperlake on
+another with every figure equal bit for bit) and its `cpu_gemm_fingerprint` (checked first,
+below).
 
-Regenerate (from a build of the older code):
-    TPCHECK_CLI=path/to/old/tpcheck python tests/python/test_probe_golden.py --write
+The figures are those of the OpenBLAS kernels that ran, and OpenBLAS picks its kernels by
+CPU at run time: on a machine whose sgemm rounds differently, every figure differs in its
+last bits although the probe is right. So the golden carries the fingerprint of the
+kernels that wrote it (`tpcheck run`'s environment.cpu_gemm_fingerprint: a hash of
+sgemm/dgemm results at the suite's shapes), and a machine with another fingerprint skips
+the comparison with a message naming both, never decided by the CPU's name. Where the
+fingerprints agree, every figure must agree.
+
+Regenerate (the reports from a build of the older code, the fingerprint from a current
+build on the same machine):
+    TPCHECK_CLI=path/to/old/tpcheck python tests/python/test_probe_golden.py --write \
+        build/tpcheck
 The program is found through TPCHECK_CLI, which ctest sets.
 Runtime: about 20 s on the shared 2-core machine.
 """
@@ -55,12 +63,15 @@ RUNS = {
 }
 
 
+# A tiny run whose environment gives this machine's GEMM fingerprint.
+FINGERPRINT_RUN = ["--suite", "te", "--tp", "2", "--filter", r"^Linear\.row\.sp0\.default$"]
+
+
 def stripped(report):
     """The report without its wall-clock and machine-description fields (see above)."""
     env = report.get("environment", {})
-    env.pop("date", None)
-    env.pop("devices", None)
-    env.pop("cpu_gemm_library", None)
+    for key in ("date", "devices", "cpu_gemm_library", "cpu_gemm_fingerprint"):
+        env.pop(key, None)
     for case in report.get("cases", []):
         case.pop("seconds", None)
     return report
@@ -72,14 +83,24 @@ def canonical(report):
     return json.dumps(report, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
 
-def run_json(cli, args):
+def run_report(cli, args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
         r = subprocess.run([cli, "run", "--backend", "cpu", *args, "--json", out, "--quiet"],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode in (0, 1), f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
         with open(out, encoding="utf-8") as f:
-            return stripped(json.load(f))
+            return json.load(f)
+
+
+def run_json(cli, args):
+    return stripped(run_report(cli, args))
+
+
+def gemm_kernels(cli):
+    """(fingerprint, library) of this machine's CPU GEMMs, as the program reports them."""
+    env = run_report(cli, FINGERPRINT_RUN)["environment"]
+    return env["cpu_gemm_fingerprint"], env["cpu_gemm_library"]
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +109,34 @@ def golden():
         return json.load(f)
 
 
+@pytest.fixture(scope="module")
+def same_kernels(cli, golden):
+    """Skips (with both fingerprints) where this machine's sgemm/dgemm round differently
+    from those that wrote the golden."""
+    here, library = gemm_kernels(cli)
+    if here != golden["cpu_gemm_fingerprint"]:
+        pytest.skip(f"this machine's OpenBLAS kernels round differently from the golden's "
+                    f"(fingerprint {here}, {library}; the golden's "
+                    f"{golden['cpu_gemm_fingerprint']}, {golden['cpu_gemm_library']}): its "
+                    "figures cannot match bit for bit; regenerate the golden on this machine "
+                    "(see the module's docstring) to check the probe here")
+
+
 def test_golden_covers_every_run(golden):
-    assert sorted(golden) == sorted(RUNS)
+    assert sorted(golden["reports"]) == sorted(RUNS)
+
+
+def test_fingerprint_is_deterministic(cli):
+    """Two processes on one machine give one fingerprint (else the check above means
+    nothing), and it is 16 hex digits."""
+    a, b = gemm_kernels(cli)[0], gemm_kernels(cli)[0]
+    assert a == b
+    assert len(a) == 16 and int(a, 16) >= 0
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_json_is_the_golden(cli, golden, name):
-    want = canonical(stripped(golden[name]))
+def test_json_is_the_golden(cli, golden, same_kernels, name):
+    want = canonical(stripped(golden["reports"][name]))
     got = canonical(run_json(cli, RUNS[name]))
     if got != want:
         diff = difflib.unified_diff(want.splitlines(), got.splitlines(), "golden", "now",
@@ -104,15 +146,20 @@ def test_json_is_the_golden(cli, golden, name):
                     "the first:\n" + "\n".join(lines[:80]))
 
 
-def write_golden(cli):
-    reports = {name: run_json(cli, args) for name, args in RUNS.items()}
+def write_golden(old_cli, current_cli):
+    """The older program's reports, with the fingerprint of the kernels they ran on (the
+    older program does not report it; the current one, on the same machine, does)."""
+    fingerprint, library = gemm_kernels(current_cli)
+    reports = {name: run_json(old_cli, args) for name, args in RUNS.items()}
+    golden = {"cpu_gemm_fingerprint": fingerprint, "cpu_gemm_library": library,
+              "reports": reports}
     with lzma.open(GOLDEN, "wt", encoding="utf-8", preset=9 | lzma.PRESET_EXTREME) as f:
-        json.dump(reports, f, sort_keys=True, indent=1, ensure_ascii=False)
+        json.dump(golden, f, sort_keys=True, indent=1, ensure_ascii=False)
         f.write("\n")
-    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} bytes)")
+    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} bytes), fingerprint {fingerprint}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
+    if len(sys.argv) != 3 or sys.argv[1] != "--write":
         sys.exit(__doc__)
-    write_golden(os.environ["TPCHECK_CLI"])
+    write_golden(os.environ["TPCHECK_CLI"], sys.argv[2])
