@@ -59,7 +59,7 @@ SEEDS = [101, 102, 103]
 BUG_SEED = 7
 HF_BUGS = {"dropped-reduction": ("output", "output.logits"),
            "shard-offset": ("parameter", "model.layers.0.self_attn.q_proj.weight"),
-           "grad-averaged": ("parameter_gradient", "model.embed_tokens.weight")}
+           "grad-averaged": ("gradient", "model.embed_tokens.weight")}
 HF_RAISES = {"o-proj-colwise": "Sharding propagation failed for aten.mm"}
 MEGATRON_BUGS = {"dropped-reduction": ("output", "output.0")}
 

@@ -49,7 +49,7 @@ POLICIES = ["te", "truth"]
 FIRST_HIT = {
     "dropped-reduction": ("output", "output.logits"),
     "shard-offset": ("parameter", "model.layers.0.self_attn.q_proj.weight"),
-    "grad-averaged": ("parameter_gradient", "model.embed_tokens.weight"),
+    "grad-averaged": ("gradient", "model.embed_tokens.weight"),
 }
 # bug -> the error every rank raises (the library refuses the plan before any verdict)
 RAISES = {
