@@ -49,3 +49,23 @@ if [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
   "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps \
     --target "$frontend" nvidia-cudnn-frontend==1.32.0
 fi
+
+# The wheel's build requirements (pyproject.toml's [build-system] requires: scikit-build-core,
+# nanobind, nlohmann-json, scipy-openblas32, and what they need), kept as wheel files in
+# .deps/wheels so tests/python/test_wheel.py builds the wheel offline, with pip's own build
+# isolation (--no-index --find-links .deps/wheels); and installed in .venv, where a
+# development build without Debian's -dev packages finds nlohmann-json and OpenBLAS
+# (TPCHECK_DEPS=auto, cmake/TpcheckDependencies.cmake). Downloaded again only when
+# pyproject.toml's list changes.
+wheels="$root/.deps/wheels"
+mapfile -t build_reqs < <("$root/.venv/bin/python" -c \
+  'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' \
+  "$root/pyproject.toml")
+if [ "$(cat "$wheels/requirements.txt" 2>/dev/null)" != "$(printf '%s\n' "${build_reqs[@]}")" ]; then
+  rm -rf "$wheels"
+  "$root/.venv/bin/python" -m pip download -q --disable-pip-version-check --no-cache-dir \
+    --dest "$wheels" "${build_reqs[@]}"
+  printf '%s\n' "${build_reqs[@]}" >"$wheels/requirements.txt"
+fi
+"$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-index \
+  --find-links "$wheels" "${build_reqs[@]}"
