@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_libraries.h"
 #include "backend/cuda/cuda_runtime.h"
 
 namespace tpcheck {
@@ -102,6 +103,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   TPCHECK_CHECK_INPUT(options.device >= 0 && options.device < count,
                       "CUDA device {} does not exist; this machine has {} (0..{})", options.device,
                       count, count - 1);
+  cuda::require_cublaslt();  // a wheel without cuBLASLt on this machine says so here
   cuda::install_cuda_runtime();
   cuda::register_cuda_compare();  // the suite compares the results where they were computed
   TPCHECK_CUDA_CHECK(cudaSetDevice(options.device));
@@ -163,15 +165,23 @@ void cuda_profiler_capture(bool on) {
 }
 
 std::string cuda_versions() {
-  int runtime = 0, driver = 0, nccl = 0;
+  int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
-  ncclGetVersion(&nccl);
-  const std::size_t lt = cublasLtGetVersion();
-  return TPCHECK_FORMAT("CUDA runtime {}.{}, driver {}.{}, cuBLASLt {}.{}.{}, NCCL {}.{}.{}",
-                     runtime / 1000, runtime % 1000 / 10, driver / 1000, driver % 1000 / 10,
-                     lt / 10000, lt % 10000 / 100, lt % 100, nccl / 10000, nccl % 10000 / 100,
-                     nccl % 100);
+  // A wheel loads cuBLASLt and NCCL at run time (cuda_libraries.h): one it cannot load is
+  // named so, not asked.
+  std::string lt_text = "cuBLASLt not loadable", nccl_text = "NCCL not loadable";
+  if (cuda::cublaslt_unavailable().empty()) {
+    const std::size_t lt = cublasLtGetVersion();
+    lt_text = TPCHECK_FORMAT("cuBLASLt {}.{}.{}", lt / 10000, lt % 10000 / 100, lt % 100);
+  }
+  if (cuda::nccl_unavailable().empty()) {
+    int nccl = 0;
+    ncclGetVersion(&nccl);
+    nccl_text = TPCHECK_FORMAT("NCCL {}.{}.{}", nccl / 10000, nccl % 10000 / 100, nccl % 100);
+  }
+  return TPCHECK_FORMAT("CUDA runtime {}.{}, driver {}.{}, {}, {}", runtime / 1000,
+                        runtime % 1000 / 10, driver / 1000, driver % 1000 / 10, lt_text, nccl_text);
 }
 
 }  // namespace tpcheck

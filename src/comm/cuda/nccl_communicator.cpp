@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_libraries.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "comm/rendezvous.h"
 #include "comm/tcp_group.h"
@@ -120,6 +121,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(int rank, int world, int device, const NcclId& id, NcclOptions options,
                    std::shared_ptr<FailureSource> failures)
       : rank_(rank), world_(world), device_(device), options_(options), failures_(std::move(failures)) {
+    cuda::require_nccl();  // a wheel without NCCL on this machine says so here
     prepare_nccl_environment();
     cuda::install_cuda_runtime();
     TPCHECK_CUDA_CHECK(cudaSetDevice(device));
@@ -338,6 +340,7 @@ int device_count_or_throw(const char* what) {
 }  // namespace
 
 NcclId make_nccl_id() {
+  cuda::require_nccl();
   prepare_nccl_environment();
   ncclUniqueId uid;
   const ncclResult_t r = ncclGetUniqueId(&uid);
