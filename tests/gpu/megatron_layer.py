@@ -364,6 +364,10 @@ def driver(args) -> int:
     for r in rows:
         for m in r["misses"][:4]:
             print(f"{r['part']} TP {r['tp']} {r['dtype']} {r['policy']}: {m[:400]}")
+    short = [f"{r['part']} TP {r['tp']} {r['dtype']}" for r in rows if r["policy"] == "truth"
+             and (r["correct_passed"] < r["correct"] or r["bugs_caught"] < r["bugs"])]
+    print("truth: every expectation holds" if ok and rows else
+          f"truth: expectations not met in {len(short)} rows ({'; '.join(short[:4])})")
     return 0 if ok and rows else 1
 
 

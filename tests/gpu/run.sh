@@ -411,9 +411,10 @@ if has models; then
     else
       row "models: megatron-core" "not installed: no .whl/megatron_core-*.whl or pip failed (models_pip.log)" ""
     fi
+    models_tp="${TPCHECK_MODELS_TP:-2 4 8}"   # TP sizes (each part: one launch per size)
     # shellcheck disable=SC2086
-    timed "models: $parts under compare_tp, TP 2 4 8" models.log \
-      python3 "$root/tests/gpu/megatron_layer.py" --out "$out/models" --parts $parts
+    timed "models: $parts under compare_tp, TP $models_tp" models.log \
+      python3 "$root/tests/gpu/megatron_layer.py" --out "$out/models" --parts $parts --tp $models_tp
     cat "$out/models.log" >>"$out/failures.txt"
     cp "$out/models/summary.json" "$out/models_summary.json" 2>/dev/null
   else
