@@ -168,6 +168,17 @@ struct ComparedTensor {
   Tensor rounding_noise;
 };
 
+// The quantizer state every rank of the sharded group must hold bit for bit, compared
+// across ranks at one step: under FP8 delayed scaling, each quantized tensor's scale and
+// amax history as the step used them (after the previous step's amax max-reduction across
+// the group). Ranks that scale one replicated tensor differently read each other's FP8
+// bytes with the wrong factor, by an amount the tensors' statistics can hide.
+struct ReplicatedState {
+  int entries = 0;         // state entries per rank (0: the recipe keeps no such state)
+  std::string difference;  // the first difference from rank 0; empty when every rank agrees
+  bool consistent() const { return difference.empty(); }
+};
+
 struct CaseRun {
   // The compared tensors after each training step: steps[s] after step s + 1
   // (RunConfig::steps entries, in the same order each step).
@@ -177,6 +188,8 @@ struct CaseRun {
   std::vector<GemmRecord> sharded_gemms;  // rank 0's ledger (the one diffs are shown for)
   std::vector<std::vector<GemmRecord>> sharded_gemms_by_rank;  // every rank's ledger
   std::vector<std::vector<CommRecord>> sharded_comms_by_rank;  // every rank's collectives
+  // The sharded ranks' replicated quantizer state at each step (steps[s]'s), compared.
+  std::vector<ReplicatedState> replicated_state;
   double seconds = 0;
 };
 
@@ -208,6 +221,9 @@ struct TensorResult {
 struct StepResult {
   int step = 1;  // 1-based
   std::vector<TensorResult> tensors;
+  // Across the sharded ranks. A difference fails the step under tpcheck's own policies,
+  // truth and bitwise; te and allclose stay the reference's rules on the tensors alone.
+  ReplicatedState replicated_state;
   std::vector<Verdict> verdicts;  // per policy: fails if any tensor fails
 };
 

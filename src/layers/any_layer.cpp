@@ -41,6 +41,7 @@ class LayerAdapter final : public AnyLayer {
   Tensor backward(const OutputGrads& grads) override { return layer_.backward(grads, saved_); }
   void backward_dw() override { layer_.backward_dw(saved_); }
   void update_scaling() override { update_delayed_scaling(ctx_, scaling_); }
+  const DelayedScalingSet& scaling_state() const override { return scaling_; }
   OutputLayout output_layout() const override { return layer_.output_layout(); }
   ShardSpec input_layout() const override { return layer_.input_layout(); }
   bool delays_wgrad() const override { return layer_.delays_wgrad(); }

@@ -10,6 +10,18 @@ namespace {
 
 using nlohmann::json;
 
+// Per step: the sharded ranks' replicated quantizer state (StepResult::replicated_state).
+json replicated_state_json(const std::vector<StepResult>& steps) {
+  json out = json::array();
+  for (const StepResult& s : steps) {
+    out.push_back({{"step", s.step},
+                   {"entries", s.replicated_state.entries},
+                   {"consistent", s.replicated_state.consistent()},
+                   {"difference", s.replicated_state.difference}});
+  }
+  return out;
+}
+
 // JSON has no NaN/Inf: they become strings so the file stays valid.
 json number(double v) {
   if (std::isnan(v)) return "nan";
@@ -149,6 +161,7 @@ json case_to_json(const CaseResult& result, const RunSettings& settings) {
             {"gemm_class_diffs", std::move(diffs)},
             {"collectives", std::move(collectives)},
             {"gemm_count", {{"single", result.gemm_count_single}, {"sharded_rank0", result.gemm_count_sharded}}},
+            {"replicated_state", replicated_state_json(result.steps)},
             {"seconds", result.seconds}};
   if (result.steps.size() == 1) {
     j["tensors"] = tensors_json(result.steps.front().tensors, settings);

@@ -84,12 +84,20 @@ CaseResult judge_case(const SuiteCase& c, int tp, const CaseRun& run, const Judg
       for (const Policy& p : policies) r.verdicts.push_back(evaluate(p, r.comparison));
       step.tensors.push_back(std::move(r));
     }
-    // A step's verdict under a policy: its worst tensor's (fail > warning > pass).
+    if (s < run.replicated_state.size()) step.replicated_state = run.replicated_state[s];
+    // A step's verdict under a policy: its worst tensor's (fail > warning > pass); under
+    // truth and bitwise, a replicated state that differs across ranks fails it first.
     for (std::size_t p = 0; p < config.policies.size(); ++p) {
       Verdict v{VerdictStatus::kPass, "every tensor passes"};
       for (const TensorResult& t : step.tensors) {
         const Verdict& tv = t.verdicts[p];
         if (tv.status > v.status) v = Verdict{tv.status, t.name + ": " + tv.reason};
+      }
+      const PolicyKind kind = config.policies[p].kind;
+      if (!step.replicated_state.consistent() &&
+          (kind == PolicyKind::kTruth || kind == PolicyKind::kBitwise)) {
+        v = Verdict{VerdictStatus::kFail, "replicated quantizer state differs across ranks: " +
+                                              step.replicated_state.difference};
       }
       step.verdicts.push_back(std::move(v));
     }

@@ -13,7 +13,9 @@
 // The same input and targets every step. The loss gradient is computed on the gathered
 // global output, as the reference suite does with its differentiable gather; the
 // runner's own gathers are never mutated.
+#include <bit>
 #include <chrono>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <string>
@@ -34,6 +36,7 @@ struct StepOutputs {
   LayerOutputs outputs;
   std::vector<Tensor> gradients;  // Parameter::gradient(), in parameters() order
   Tensor input_gradient;          // what backward returns: dL/dinput, input_layout()
+  DelayedScalingSet scaling;      // the quantizer state this step quantized with (a copy)
 };
 
 // Everything one rank (or the single / truth run) produced.
@@ -219,6 +222,8 @@ StepOutputs run_step(const RunSpec& run, RankSetup& s, int step) {
                     local_grad(global_grads.bias, layout.bias),
                     local_grad(global_grads.layernorm_output, layout.layernorm_output)};
   StepOutputs out;
+  // Scales and histories change only in update_scaling (above): this is the step's state.
+  out.scaling = layer.scaling_state();
   out.input_gradient = keep(layer.backward(grads));
   if (layer.delays_wgrad()) layer.backward_dw();
   out.outputs = host ? to_host(local) : local;
@@ -547,6 +552,52 @@ std::vector<ComparedTensor> compared_tensors(const CaseResults& r, int step,
   return tensors;
 }
 
+// "entry 3 (f8e5m2) scale: rank 1 holds 0.5 (0x3f000000), rank 0 2 (0x40000000)".
+std::string float_difference(std::size_t entry, const DelayedScaling& e, const std::string& what,
+                             int rank, float here, float first) {
+  return fmt::format("entry {} ({}) {}: rank {} holds {} ({:#010x}), rank 0 {} ({:#010x})", entry,
+                     dtype_name(e.format()), what, rank, here, std::bit_cast<std::uint32_t>(here),
+                     first, std::bit_cast<std::uint32_t>(first));
+}
+
+bool same_bits(float a, float b) {
+  return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+}
+
+// The first difference of `state` (rank `rank`) from rank 0's `first`; empty when none.
+std::string scaling_difference(const DelayedScalingSet& first, const DelayedScalingSet& state,
+                               int rank) {
+  if (state.size() != first.size()) {
+    return fmt::format("rank {} keeps {} scaling entries, rank 0 {}", rank, state.size(),
+                       first.size());
+  }
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    const DelayedScaling &a = first[i], &b = state[i];
+    if (!same_bits(b.scale(), a.scale())) return float_difference(i, a, "scale", rank, b.scale(), a.scale());
+    if (b.history().size() != a.history().size()) {
+      return fmt::format("entry {} ({}) amax history: rank {} holds {} amaxes, rank 0 {}", i,
+                         dtype_name(a.format()), rank, b.history().size(), a.history().size());
+    }
+    for (std::size_t h = 0; h < a.history().size(); ++h) {
+      if (!same_bits(b.history()[h], a.history()[h])) {
+        return float_difference(i, a, fmt::format("amax history[{}]", h), rank, b.history()[h],
+                                a.history()[h]);
+      }
+    }
+  }
+  return {};
+}
+
+// Every rank's quantizer state at step `step` (0-based) against rank 0's, bit for bit.
+ReplicatedState replicated_state(const std::vector<RankResult>& ranks, int step) {
+  const DelayedScalingSet& first = ranks.front().steps[step].scaling;
+  ReplicatedState state{static_cast<int>(first.size()), {}};
+  for (std::size_t r = 1; r < ranks.size() && state.consistent(); ++r) {
+    state.difference = scaling_difference(first, ranks[r].steps[step].scaling, static_cast<int>(r));
+  }
+  return state;
+}
+
 }  // namespace
 
 CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
@@ -569,6 +620,7 @@ CaseRun run_case(const SuiteCase& c, const RunConfig& config) {
   CaseRun run;
   for (int step = 0; step < config.steps; ++step) {
     run.steps.push_back(compared_tensors(r, step, noise_of));
+    run.replicated_state.push_back(replicated_state(r.ranks, step));
   }
   run.single_gemms = std::move(r.single.gemms);
   run.sharded_gemms = r.ranks[0].gemms;

@@ -40,6 +40,10 @@ class AnyLayer {
   // max-reduced across the group (one all-reduce) and each amax history updated, so the
   // next step's scales come from it; for other recipes, nothing (no collective).
   virtual void update_scaling() = 0;
+  // The quantization state the layer keeps across steps (FP8 delayed scaling's scales and
+  // amax histories; empty for other recipes). After update_scaling every rank of a group
+  // must hold the same bits: the suite compares it across ranks (ReplicatedState).
+  virtual const DelayedScalingSet& scaling_state() const = 0;
   // Layouts for the tensors as the layer sees them (rank-2 [T, features] for Linear,
   // norms, LayerNormLinear, LayerNormMLP).
   virtual OutputLayout output_layout() const = 0;
