@@ -98,7 +98,8 @@ def tp_results(request, model_dirs, tmp_path_factory):
     (d / "jobs.json").write_text(json.dumps(_jobs(model_dirs)))
     p = subprocess.run([sys.executable, "-m", "tpcheck", "emulate", "-n", str(n), "--",
                         sys.executable, WORKER, str(d / "jobs.json"), str(d)],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1"))  # local folders only
     assert p.returncode == 0, f"rc {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     by_job: dict = {}
     for r in range(n):
