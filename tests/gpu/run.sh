@@ -7,11 +7,11 @@
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite fused badinput mutations recipes bench; also, not in
 # the default set: bits (this build's JSON reports against TPCHECK_OLD's), emulate
-# (tpcheck emulate with CUDA tensors; needs pack_python.sh), and, not in
+# (tpcheck emulate with CUDA tensors; needs the wheel in .devrun/), and, not in
 # the default set: kernels (each kernel's time in the layer benchmark's step, by ncu), recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
 # (stack samples of its TransformerLayer cases), pytorch
 # (the te suite against its PyTorch twin), forensics (the cuBLASLt log tools on real
-# logs and programs), python (the package, packed by tests/gpu/pack_python.sh) and grid
+# logs and programs), python (the package: the wheel in .devrun/, see below) and grid
 # (issue 7's calibration grid on the CUDA backend).
 # NCCL_NVLS_ENABLE=0 always.
 set -uo pipefail
@@ -53,6 +53,28 @@ timed() {
 }
 
 has() { [[ " $stages " == *" $1 "* ]]; }
+
+# The Python package (stages python, emulate, models): the wheel built on the CPU machine
+# for this machine's Python, carried in .devrun/ beside pack.sh's archive:
+#   tests/gpu/pack.sh build && python3.12 -m pip wheel --no-deps . -w .devrun/
+# installed into python3's environment (beside its torch and pip's nvidia packages, where
+# the module finds cuBLASLt and NCCL) with --no-deps, once per invocation.
+python_installed=""
+python_package() {
+  if [ -z "$python_installed" ]; then
+    local whl
+    whl="$(ls -t "$root"/.devrun/tpcheck-*.whl 2>/dev/null | head -1)"
+    if [ -n "$whl" ] && python3 -m pip install -q --no-deps --force-reinstall "$whl" \
+         >"$out/python_install.log" 2>&1; then
+      python_installed="yes: $(basename "$whl")"
+      row "python package" "installed $(basename "$whl")" ""
+    else
+      python_installed="no"
+    fi
+  fi
+  [ "$python_installed" != "no" ]
+}
+no_wheel="no wheel installed: python3.12 -m pip wheel --no-deps . -w .devrun/ on the CPU machine (see python_install.log)"
 
 if has info; then
   {
@@ -244,13 +266,12 @@ if has pytorch; then
     env TPCHECK="$bin" OUT="$out/suite_vs_pytorch" bash "$root/bench/suite_vs_pytorch.sh" --runs 3
 fi
 
-# Not in the default stages: the Python package on the GPU (tests/gpu/pack_python.sh adds
-# it for this machine's Python): the package tests (CPU ones too, on this Python), the
+# Not in the default stages: the Python package on the GPU (the wheel in .devrun/, built
+# for this machine's Python): the package tests (CPU ones too, on this Python), the
 # GPU ones (zero-copy CUDA tensors, the example, torchrun), the trace of a real PyTorch
 # matmul, and the compare benchmark against torch.testing.assert_close.
 if has python; then
-  if [ -d "$root/.devrun/python/tpcheck" ]; then
-    export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
+  if python_package; then
     timed "python package: pytest test_package, test_package_gpu, test_package_trace" pytest_package.log \
       env TPCHECK_CLI="$bin" python3 -m pytest -q -p no:cacheprovider -rs \
       "$root/tests/python/test_package.py" "$root/tests/python/test_package_gpu.py" \
@@ -262,7 +283,7 @@ if has python; then
       python3 "$root/bench/compare_bench.py" --device cuda --truth
     cat "$out/compare_bench.log" "$out/compare_bench_truth.log" >>"$out/failures.txt"
   else
-    row "python package" "not packed: run tests/gpu/pack_python.sh here first" ""
+    row "python package" "$no_wheel" ""
   fi
 fi
 
@@ -305,10 +326,9 @@ fi
 # Not in the default stages: `tpcheck emulate` with CUDA tensors,
 # TP 2/4/8 ranks on this one GPU through CUDA IPC: every collective against its reference
 # (the same worker as CI's, --cuda), the examples on the GPU, and the benchmarks of
-# bench/emulate_bench.py and compare_bench.py --compare-tp at TP 8. Needs the packed Python package (pack_python.sh) and torch in python3.
+# bench/emulate_bench.py and compare_bench.py --compare-tp at TP 8. Needs the wheel in .devrun/ and torch in python3.
 if has emulate; then
-  if [ -d "$root/.devrun/python/tpcheck" ]; then
-    export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
+  if python_package; then
     # The GPU machine sets PYTHONDONTWRITEBYTECODE=1 and its torch has no bytecode, so every
     # process would compile torch's modules from source (about 4.5 s of compare_tp's first
     # call at TP 8). Bytecode written to a cache here is what a pip install has: the first
@@ -372,7 +392,7 @@ if has emulate; then
     cat "$out/emulate_example.log" "$out/emulate_tf32.log" "$out/emulate_bench.log" \
       "$out/emulate_bench_mps.log" "$out/compare_bench.log" >>"$out/failures.txt"
   else
-    row "emulate" "not packed: run tests/gpu/pack_python.sh here first" ""
+    row "emulate" "$no_wheel" ""
   fi
 fi
 
@@ -395,18 +415,17 @@ fi
 # Not in the default stages: models — real TP libraries under tpcheck emulate, judged by
 # compare_tp (issue 42 item 5): Megatron-core's GPT TransformerLayer at TP 2, 4, 8 (f32 and
 # bf16) and the Hugging Face models of tests/python/test_hf_models.py (bf16; f32 with TF32),
-# tests/gpu/megatron_layer.py. Needs the packed Python package (pack_python.sh), transformers
+# tests/gpu/megatron_layer.py. Needs the wheel in .devrun/, transformers
 # in python3, and megatron-core's wheel in a carried .whl/ folder (that script says how).
 if has models; then
-  if [ -d "$root/.devrun/python/tpcheck" ]; then
-    export PYTHONPATH="$root/.devrun/python${PYTHONPATH:+:$PYTHONPATH}"
+  if python_package; then
     unset PYTHONDONTWRITEBYTECODE   # as in the emulate stage: torch and transformers compiled once
     export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/tpcheck-pycache"
     mcore="${TMPDIR:-/tmp}/tpcheck-megatron"
     whl="$(ls "$root"/.whl/megatron_core-*.whl 2>/dev/null | head -1)"
     parts="hf"
     if [ -n "$whl" ] && python3 -m pip install -q --no-deps --target "$mcore" "$whl" >"$out/models_pip.log" 2>&1; then
-      export PYTHONPATH="$PYTHONPATH:$mcore"
+      export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$mcore"
       parts="megatron hf"
     else
       row "models: megatron-core" "not installed: no .whl/megatron_core-*.whl or pip failed (models_pip.log)" ""
@@ -418,7 +437,7 @@ if has models; then
     cat "$out/models.log" >>"$out/failures.txt"
     cp "$out/models/summary.json" "$out/models_summary.json" 2>/dev/null
   else
-    row "models" "not packed: run tests/gpu/pack_python.sh here first" ""
+    row "models" "$no_wheel" ""
   fi
 fi
 
