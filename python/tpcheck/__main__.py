@@ -1,6 +1,6 @@
 """`python -m tpcheck run ...` — the tpcheck command line (same options, same exit codes).
 `python -m tpcheck emulate -n N -- CMD ...` — torchrun-like launch on the `tpcheck`
-torch.distributed backend (tpcheck/_emulate.py, docs/EMULATE.md).
+torch.distributed backend (tpcheck/emulate/launcher.py, docs/EMULATE.md).
 
 Under `torchrun --nproc_per_node=N -m tpcheck run --tp N --backend cuda ...` each process
 is one rank: the NCCL id is shared through torch.distributed's store first.
@@ -14,8 +14,8 @@ from ._launch import share_nccl_id_if_torchrun
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["emulate"]:  # the launcher (_emulate.py, docs/EMULATE.md)
-        from ._emulate import main as emulate
+    if args[:1] == ["emulate"]:  # the launcher (emulate/launcher.py, docs/EMULATE.md)
+        from .emulate.launcher import main as emulate
 
         return emulate(args[1:])
     backend = "auto"

@@ -1,5 +1,5 @@
 // emulate.cpp — `tpcheck emulate ARGS...`: the torchrun-like launcher of the `tpcheck`
-// torch.distributed backend lives in the Python package (python/tpcheck/_emulate.py,
+// torch.distributed backend lives in the Python package (python/tpcheck/emulate/launcher.py,
 // docs/EMULATE.md), so the program hands its arguments, untouched, to
 // `PYTHON -m tpcheck emulate ARGS...`. PYTHON is $TPCHECK_PYTHON, else python3 on PATH.
 // In a build tree (build/tpcheck next to build/python/tpcheck) build/python is put first

@@ -1,6 +1,6 @@
 // `tpcheck diff A B` where A or B is the ledger of `python -m tpcheck emulate --trace DIR`
-// (DIR/ledger.json, schema tpcheck.emulate/1, written by python/tpcheck/_emulate.py's
-// _write_ledger): per rank, the GEMM sites whose algorithm, compute type or numerical
+// (DIR/ledger.json, schema tpcheck.emulate/1, written by python/tpcheck/emulate/ledger.py's
+// write_ledger): per rank, the GEMM sites whose algorithm, compute type or numerical
 // class changed (the same alignment and grouping as `tpcheck logdiff`:
 // diff_cublaslt_calls), and the differences in the sequence of collectives, grouped.
 // The other side may be a trace ledger (tpcheck.trace/1): its processes stand for ranks

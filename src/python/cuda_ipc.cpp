@@ -1,5 +1,5 @@
 // cuda_ipc.cpp — device memory shared between the rank processes of `tpcheck emulate`
-// (python/tpcheck/torch/_cuda_ipc.py) through CUDA IPC, owned and released explicitly.
+// (python/tpcheck/emulate/cuda_ipc.py) through CUDA IPC, owned and released explicitly.
 //
 //   ipc_alloc(nbytes, device) -> (address, handle)
 //       cudaMalloc of nbytes on GPU `device` and its IPC handle (64 bytes) for the peers.

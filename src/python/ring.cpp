@@ -1,6 +1,6 @@
 // ring.cpp — NCCL's ring reductions over raw buffers, for the `tpcheck` torch.distributed
-// backend (python/tpcheck/torch, issue 32): one process per rank, every rank's input mapped
-// into every process (shared memory), each rank computing its own output here.
+// backend (python/tpcheck/emulate): one process per rank, every rank's input mapped into
+// every process (shared memory), each rank computing its own output here.
 //
 //   ring_reduce(inputs, out, kind, op, order, rank, root, chunk_bytes)
 //       inputs: one DLPack array per rank (CPU, float dtypes, C-contiguous, equal numel and
@@ -17,7 +17,9 @@
 //       comm/ring_reference's `all_reduce_chunk_of(i, ...)` (the host model's own chunking,
 //       the one definition), for reduce_scatter the block, for reduce the root. Every step
 //       is rounded to the dtype (ring_reference.h says why a rounded f64 step is NCCL's).
-//       order "rank": the fold goes 0, 1, ..., N-1 for every element.
+//       order "rank": the fold goes 0, 1, ..., N-1 for every element, accumulated in f32
+//       (f64 for f64) and rounded once to the dtype: the rank order of every tpcheck group
+//       (the thread group's and the device group's, include/tpcheck/comm.h).
 //   ring_model(kind, inputs, op) -> list of numpy f64 arrays: the host model itself
 //       (ring::all_reduce / reduce_scatter / all_gather, op "sum" or "max"), every rank's
 //       result — for tests of ring_reduce against the model.
@@ -25,16 +27,22 @@
 //       all-reduce's chunking as runs of elements whose nccl-ring fold starts at first_rank
 //       (for folds done elsewhere, e.g. by torch ops on a GPU), from all_reduce_chunk_of.
 //   ring_fold_cuda(inputs, out, n_out, dtype, first, offset, count, stream, device,
-//                  chunk_bytes, extra_outs)
-//       The same folds on a GPU, by the C++ device group's kernel (comm/cuda/
+//                  chunk_bytes, extra_outs, order)
+//       The same sums on a GPU, by the C++ device group's kernel (comm/cuda/
 //       device_collectives.cu: one definition for both). inputs: one device address per
 //       rank, each of `count` elements of `dtype` (f64, f32, f16, bf16); out: a device
-//       address of n_out elements; out[j] = the fold of inputs[*][offset + j], every step
-//       rounded to the dtype, starting at rank `first` (0..N-1; 0 is rank order) or, with
-//       first = -1, at the nccl-ring start of element offset + j's all-reduce chunk.
+//       address of n_out elements; out[j] = the sum of inputs[*][offset + j]. Order
+//       "nccl-ring" (the default): every step rounded to the dtype, starting at rank `first`
+//       (0..N-1) or, with first = -1, at the nccl-ring start of element offset + j's
+//       all-reduce chunk. Order "rank": ranks 0..N-1 in f32 (f64), rounded once (`first`
+//       is not used).
 //       extra_outs: more device addresses, each written like `out` (the in-place
 //       all-reduce writes every rank's tensor). Enqueued on `stream` (a cudaStream_t as an
 //       integer) of GPU `device`; returns at once. Built without CUDA: RuntimeError.
+//   thread_group_reduce(kind, inputs, op, order) -> list of numpy f64 arrays: every rank's
+//       result of the C++ thread group (run_thread_group, one thread per input) for kind
+//       "all_reduce" (op "sum" or "max") or "reduce_scatter" (sum, along dimension 0) —
+//       for tests that hold `tpcheck run`'s ranks to the same reference as the backend's.
 // Errors: ValueError naming the argument. The work runs with the GIL released.
 #include <fmt/format.h>
 #include <nanobind/nanobind.h>
@@ -57,6 +65,7 @@
 #include "comm/cuda/device_collectives.h"
 #endif
 #include "python/dlpack.h"
+#include "tpcheck/comm.h"
 #include "tpcheck/dtype.h"
 #include "tpcheck/error.h"
 
@@ -140,14 +149,35 @@ struct Fold {
     double v = load(dtype, in[r], i);
     return op == Op::kAvg ? round_to(dtype, v * premul) : v;
   }
-  // Fold element i over ranks first, first+1, ... (mod N).
+  // Fold element i over ranks first, first+1, ... (mod N), rounded to the dtype at every
+  // step: NCCL's ring.
   double run(std::int64_t i, int first) const {
     const int n = static_cast<int>(in.size());
     double acc = value(first, i);
     for (int s = 1; s < n; ++s) acc = combine(op, dtype, acc, value((first + s) % n, i));
     return acc;
   }
+  // Fold element i over ranks 0, 1, ..., N-1 in f32 (f64 for f64), rounded to the dtype
+  // once: rank order.
+  double run_rank_order(std::int64_t i) const {
+    const int n = static_cast<int>(in.size());
+    const DType acc_type = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+    double acc = value(0, i);
+    for (int r = 1; r < n; ++r) acc = combine(op, acc_type, acc, value(r, i));
+    return round_to(dtype, acc);
+  }
 };
+
+// The order a reduction adds in, from its name (comm.h's names; one definition).
+CommOrder order_of(const char* fn, const std::string& order) {
+  for (CommOrder o : {CommOrder::kNcclRing, CommOrder::kRank}) {
+    if (order == comm_order_name(o)) return o;
+  }
+  throw nb::value_error(fmt::format("{}: order '{}' is not {} or {}", fn, order,
+                                    comm_order_name(CommOrder::kNcclRing),
+                                    comm_order_name(CommOrder::kRank))
+                            .c_str());
+}
 
 // The all-reduce's chunking as runs [begin, end) whose nccl-ring fold starts at
 // first_rank. Chunk indices rise within a loop of N*C elements and restart at the next
@@ -180,11 +210,7 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
   if (n == 0) throw nb::value_error("ring_reduce: no inputs");
   if (rank < 0 || rank >= n)
     throw nb::value_error(fmt::format("ring_reduce: rank {} of {}", rank, n).c_str());
-  const bool ring = order == "nccl-ring";
-  if (!ring && order != "rank") {
-    throw nb::value_error(
-        fmt::format("ring_reduce: order '{}' is not nccl-ring or rank", order).c_str());
-  }
+  const bool ring = order_of("ring_reduce", order) == CommOrder::kNcclRing;
   Fold f{parse_op(op_name), DType::kF64, {}, 1.0};
   std::int64_t count = -1;
   std::vector<WrappedArray> keep;
@@ -223,13 +249,12 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
     if (m != count)
       throw std::invalid_argument(
           fmt::format("ring_reduce {}: out has {} elements, inputs {}", kind, m, count));
-    Segments segs;
-    if (!ring)
-      segs.emplace_back(0, count, 0);
-    else if (kind == "reduce")
-      segs.emplace_back(0, count, (root + 1) % n);
-    else
-      segs = segments_of(count, n, f.dtype, chunk_bytes);
+    if (!ring) {
+      for (std::int64_t i = 0; i < count; ++i) store(f.dtype, dst, i, f.run_rank_order(i));
+      return;
+    }
+    const Segments segs = kind == "reduce" ? Segments{{0, count, (root + 1) % n}}
+                                           : segments_of(count, n, f.dtype, chunk_bytes);
     for (const auto& [b, e, first] : segs) {
       for (std::int64_t i = b; i < e; ++i) store(f.dtype, dst, i, f.run(i, first));
     }
@@ -237,8 +262,10 @@ void ring_reduce(const std::vector<nb::ndarray<>>& inputs, nb::ndarray<> out,
     if (m * n != count)
       throw std::invalid_argument(fmt::format(
           "ring_reduce reduce_scatter: out has {} elements, inputs {} for {} ranks", m, count, n));
-    const int first = ring ? (rank + 1) % n : 0;
-    for (std::int64_t j = 0; j < m; ++j) store(f.dtype, dst, j, f.run(rank * m + j, first));
+    for (std::int64_t j = 0; j < m; ++j) {
+      store(f.dtype, dst, j,
+            ring ? f.run(rank * m + j, (rank + 1) % n) : f.run_rank_order(rank * m + j));
+    }
   } else {
     throw std::invalid_argument(
         fmt::format("ring_reduce: kind '{}' is not all_reduce, reduce_scatter or reduce", kind));
@@ -277,10 +304,57 @@ Segments ring_segments(std::int64_t count, int world, const std::string& dtype,
   return segments_of(count, world, parse_dtype(dtype), chunk_bytes);
 }
 
+std::vector<nb::object> thread_group_reduce(const std::string& kind,
+                                            const std::vector<nb::ndarray<>>& inputs,
+                                            const std::string& op_name,
+                                            const std::string& order) {
+  ThreadGroupOptions options;
+  options.order = order_of("thread_group_reduce", order);
+  const Op op = parse_op(op_name);
+  const bool reduce_scatter = kind == "reduce_scatter";
+  if (!reduce_scatter && kind != "all_reduce") {
+    throw nb::value_error(
+        fmt::format("thread_group_reduce: kind '{}' is not all_reduce or reduce_scatter", kind)
+            .c_str());
+  }
+  if (op != Op::kSum && (op != Op::kMax || reduce_scatter)) {
+    throw nb::value_error(
+        fmt::format("thread_group_reduce: op '{}'; the thread group has sum (and max for "
+                    "all_reduce)",
+                    op_name)
+            .c_str());
+  }
+  std::vector<Tensor> in;
+  for (std::size_t r = 0; r < inputs.size(); ++r) {
+    in.push_back(wrap_array(inputs[r], fmt::format("inputs[{}]", r)).tensor.clone());
+  }
+  std::vector<Tensor> res(in.size());
+  {
+    nb::gil_scoped_release release;
+    run_thread_group(
+        static_cast<int>(in.size()),
+        [&](Communicator& comm) {
+          Tensor& t = in[comm.rank()];
+          if (reduce_scatter) {
+            res[comm.rank()] = comm.reduce_scatter(t, 0);
+          } else {
+            comm.all_reduce(t, op == Op::kMax ? ReduceOp::kMax : ReduceOp::kSum);
+            res[comm.rank()] = t;
+          }
+        },
+        options);
+  }
+  std::vector<nb::object> out;
+  for (const Tensor& t : res) out.push_back(to_numpy(t));
+  return out;
+}
+
 void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t out,
                     std::int64_t n_out, const std::string& dtype, int first, std::int64_t offset,
                     std::int64_t count, std::uintptr_t stream, int device,
-                    std::size_t chunk_bytes, const std::vector<std::uintptr_t>& extra_outs) {
+                    std::size_t chunk_bytes, const std::vector<std::uintptr_t>& extra_outs,
+                    const std::string& order) {
+  const bool ring = order_of("ring_fold_cuda", order) == CommOrder::kNcclRing;
 #ifdef TPCHECK_HAVE_CUDA
   const int n = static_cast<int>(inputs.size());
   if (n < 1 || n > cuda::kMaxDeviceRanks) {
@@ -308,7 +382,7 @@ void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t ou
   for (int r = 0; r < n; ++r) p.inputs[r] = reinterpret_cast<const void*>(inputs[r]);
   p.world = n;
   p.dtype = dt;
-  p.mode = cuda::ReduceMode::kRingSum;
+  p.mode = ring ? cuda::ReduceMode::kRingSum : cuda::ReduceMode::kRankSum;
   p.out = reinterpret_cast<void*>(out);
   if (extra_outs.size() > static_cast<std::size_t>(cuda::kMaxDeviceRanks)) {
     throw nb::value_error(fmt::format("ring_fold_cuda: {} extra outputs; at most {}",
@@ -338,7 +412,7 @@ void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t ou
   cudaSetDevice(previous);
 #else
   (void)inputs, (void)out, (void)n_out, (void)dtype, (void)first, (void)offset, (void)count,
-      (void)stream, (void)device, (void)chunk_bytes, (void)extra_outs;
+      (void)stream, (void)device, (void)chunk_bytes, (void)extra_outs, (void)ring;
   throw std::runtime_error("ring_fold_cuda: this tpcheck was built without CUDA");
 #endif
 }
@@ -360,6 +434,9 @@ void tpcheck_register_ring(nb::module_& m) {
   m.def("ring_fold_cuda", &ring_fold_cuda, "inputs"_a, "out"_a, "n_out"_a, "dtype"_a, "first"_a,
         "offset"_a, "count"_a, "stream"_a, "device"_a,
         "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
-        "extra_outs"_a = std::vector<std::uintptr_t>{},
-        "out[j] = the ring fold of inputs[*][offset + j] on a GPU (the device group's kernel).");
+        "extra_outs"_a = std::vector<std::uintptr_t>{}, "order"_a = "nccl-ring",
+        "out[j] = the sum of inputs[*][offset + j] on a GPU (the device group's kernel).");
+  m.def("thread_group_reduce", &thread_group_reduce, "kind"_a, "inputs"_a, "op"_a = "sum",
+        "order"_a = "rank",
+        "Every rank's result of the C++ thread group's all_reduce or reduce_scatter, f64.");
 }

@@ -10,6 +10,8 @@ from tpcheck's C++: the ring is simulated step by step with messages, as the GPU
   reduce-scatter: the same reduce phase over N equal blocks; rank r keeps block r.
   reduce (root): a chain root+1 -> root+2 -> ... -> root, each adding its own input.
   avg: NCCL's PreMulSum: every input times round(1/N) (rounded to the dtype), then summed.
+  rank order (every tpcheck group's, docs/RUNNING.md): ranks 0, 1, ..., N-1 added in f32
+  (f64 for f64 inputs), rounded once to the dtype at the end.
 Rounding: f32/f16 through numpy's own types (correctly rounded); bf16 is held in float32
 and rounded to nearest even on its 16 high bits after every step.
 """
@@ -130,6 +132,19 @@ def reduce(xs, fmt_name, op, root):
 
 
 def rank_order(xs, fmt_name, op="sum"):
+    """Ranks 0, 1, ..., N-1 accumulated in f32 (f64 for f64), one rounding to the dtype."""
+    fmt = Fmt(fmt_name)
+    acc_fmt = Fmt("f64" if fmt_name == "f64" else "f32")
+    own = [acc_fmt.rnd(x) for x in _pre(fmt, op, xs)]
+    acc = own[0].copy()
+    for x in own[1:]:
+        acc = acc_fmt.op(op, acc, x)
+    return fmt.rnd(acc)
+
+
+def rank_order_per_step(xs, fmt_name, op="sum"):
+    """Ranks 0, 1, ..., N-1 rounded to the dtype after every addition (not tpcheck's rank
+    order: the tests use it to show their inputs tell the two apart)."""
     fmt = Fmt(fmt_name)
     own = _pre(fmt, op, xs)
     acc = own[0].copy()

@@ -53,7 +53,7 @@ def test_every_collective(n, order, tmp_path):
         for r in range(n):
             recs = [json.loads(line) for line in (tmp_path / f"comm.rank{r}.jsonl").read_text().splitlines()]
             first = recs[0]
-            assert first["kind"] == "all_reduce" and first["sig"]["dtypes"] == ["float32"]
+            assert first["kind"] == "all_reduce" and first["sig"]["dtypes"] == ["f32"]
             assert first["sig"]["shapes"] == [[17, 61]] and first["bytes"] == 1037 * 4
             assert first["order"] == "rank" and first["algorithm"] == "rank-order"
             assert "collectives.py:" in first["at"]
@@ -154,7 +154,7 @@ def test_mismatched_collectives(tmp_path):
 def test_mismatched_sizes(tmp_path):
     rc, out, err = fault_run("size", tmp_path)
     assert rc != 0
-    assert "all_reduce(float32[4], op=sum)" in err and "all_reduce(float32[5], op=sum)" in err, err
+    assert "all_reduce(f32[4], op=sum)" in err and "all_reduce(f32[5], op=sum)" in err, err
 
 
 def test_bad_input(tmp_path):

@@ -1,10 +1,12 @@
 """tests/python/test_emulate_diff.py — `tpcheck diff` of two `python -m tpcheck emulate
---trace DIR` ledgers (DIR/ledger.json, schema tpcheck.emulate/1; issue 32).
+--trace DIR` ledgers (DIR/ledger.json, schema tpcheck.emulate/1).
 
 End to end on the CPU: emulate_workers/trace_small.py at TP 1 and TP 2 with --trace, then
 `tpcheck diff` of the two ledgers (a TP 1 run issues no collective: said in one line, and
-TP 2's collectives grouped). There is no GPU GEMM on the CPU, so the GEMM half runs on
-hand-made ledgers: each rank's `gemms` is what _emulate.py's _write_ledger stores (the
+TP 2's collectives grouped): the schema's round trip, Python writing (tpcheck.emulate's
+ledger.py) and C++ reading (src/cli/emulate_diff.cpp), in tpcheck's names (schema, dtypes,
+comm orders: tpcheck._names). There is no GPU GEMM on the CPU, so the GEMM half runs on
+hand-made ledgers: each rank's `gemms` is what ledger.py's write_ledger stores (the
 trace ledger `_tpcheck.trace_ledger` makes of the rank's cuBLASLt log), here of the real
 logs in tests/data/cublaslt. Bad input: a ledger with no ranks, a rank whose log failed to
 parse. Two launches (~15 s on the shared 2-core machine); the rest is a few `tpcheck` calls.
@@ -20,6 +22,7 @@ import sys
 import pytest
 
 from tpcheck import _tpcheck
+from tpcheck._names import SCHEMA_EMULATE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "data", "cublaslt")
@@ -31,13 +34,13 @@ def tpcheck(cli, *args):
 
 
 def gemms_of(log):
-    """A rank's `gemms` entry as _write_ledger writes it."""
+    """A rank's `gemms` entry as write_ledger writes it."""
     return json.loads(_tpcheck.trace_ledger([os.path.join(DATA, log)], 4242, False))
 
 
 def emulate_ledger(ranks, order="nccl-ring"):
     """ranks: per rank, (gemms or None, collectives)."""
-    return {"schema": "tpcheck.emulate/1", "world_size": len(ranks), "comm_order": order,
+    return {"schema": SCHEMA_EMULATE, "world_size": len(ranks), "comm_order": order,
             "ranks": [{"rank": r, "pid": 1000 + r, "collectives": list(c), "gemms": g}
                       for r, (g, c) in enumerate(ranks)]}
 
@@ -71,10 +74,26 @@ def test_tp1_against_tp2_on_the_cpu(cli, runs):
     # Both ranks call the same collectives: one block for the two.
     assert "B rank 0 against A rank 0; B rank 1 against A rank 0:" in out, out
     assert "0 → 3 collectives" in out
-    assert re.search(r"1 × only in B: all_gather_into_tensor float32, 512 B per rank, copy over 2 ranks"
+    assert re.search(r"1 × only in B: all_gather_into_tensor f32, 512 B per rank, copy over 2 ranks"
                      r"  \(first #1, at .*trace_small\.py:\d+\)", out), out
-    assert "1 × only in B: all_reduce float32 op=sum, 512 B per rank, ring/simple (nccl-ring) over 2 ranks" in out
-    assert "1 × only in B: reduce_scatter_tensor bfloat16 op=sum, 256 B per rank, ring/simple" in out
+    assert "1 × only in B: all_reduce f32 op=sum, 512 B per rank, ring/simple (nccl-ring) over 2 ranks" in out
+    assert "1 × only in B: reduce_scatter_tensor bf16 op=sum, 256 B per rank, ring/simple" in out
+
+
+def test_the_ledger_speaks_tpchecks_names(runs):
+    """What Python wrote is what the C++ reader and the run report name: the schema, the
+    comm order and every dtype are tpcheck's own (include/tpcheck/names.h, src/core/dtype.cpp,
+    src/comm/comm.cpp through tpcheck._names)."""
+    from tpcheck._names import COMM_ORDERS, DTYPES, SCHEMA_EMULATE
+
+    for n in (1, 2):
+        ledger = json.loads((runs / f"tp{n}" / "ledger.json").read_text())
+        assert ledger["schema"] == SCHEMA_EMULATE and ledger["comm_order"] in COMM_ORDERS
+        assert ledger["world_size"] == n and [r["rank"] for r in ledger["ranks"]] == list(range(n))
+        calls = [c for r in ledger["ranks"] for c in r["collectives"]]
+        assert len(calls) == (0 if n == 1 else 6)
+        assert {d for c in calls for d in c["sig"]["dtypes"]} <= set(DTYPES)
+        assert {c["order"] for c in calls if c["sig"].get("op")} <= set(COMM_ORDERS)
 
 
 def test_same_run_has_no_change(cli, runs):
@@ -102,10 +121,10 @@ def test_collective_changes_are_named_per_rank(cli, runs, tmp_path):
     assert ("    of the 1 aligned pairs that differ:\n"
             "      algorithm in 1: ring/simple (nccl-ring) → rank-order (rank) ×1\n"
             "    by signature:\n") in block, block
-    assert re.search(r"1 × A: all_reduce float32 op=sum, 512 B per rank, ring/simple \(nccl-ring\) over 2 ranks\n"
-                     r" +B: all_reduce float32 op=sum, 512 B per rank, rank-order \(rank\) over 2 ranks  \(first #2",
+    assert re.search(r"1 × A: all_reduce f32 op=sum, 512 B per rank, ring/simple \(nccl-ring\) over 2 ranks\n"
+                     r" +B: all_reduce f32 op=sum, 512 B per rank, rank-order \(rank\) over 2 ranks  \(first #2",
                      block), block
-    assert "1 × only in B: all_gather_into_tensor float32, 1024 B per rank" in block
+    assert "1 × only in B: all_gather_into_tensor f32, 1024 B per rank" in block
 
 
 def test_gemm_sites_per_rank(cli, tmp_path):

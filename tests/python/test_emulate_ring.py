@@ -1,8 +1,9 @@
-"""tests/python/test_emulate_ring.py — the ring reductions the `tpcheck` torch.distributed
-backend uses (issue 32): `_tpcheck.ring_reduce` over raw buffers, bit for bit against an
-independent numpy ring (emulate_ring_ref.py, simulated step by step from NCCL's algorithm)
-and against the C++ host model itself (`_tpcheck.ring_model`, comm/ring_reference).
-In-process, no launch: fast.
+"""tests/python/test_emulate_ring.py — the reductions the `tpcheck` torch.distributed
+backend uses (tpcheck.emulate.reduce): `_tpcheck.ring_reduce` over raw buffers, bit for bit
+against an independent numpy ring (emulate_ring_ref.py, simulated step by step from NCCL's
+algorithm) and against the C++ host model itself (`_tpcheck.ring_model`,
+comm/ring_reference); rank order against the numpy formula, with the C++ thread group
+(`tpcheck run`'s ranks) held to the same reference. In-process, no launch: fast.
 """
 
 import numpy as np
@@ -55,6 +56,35 @@ def test_all_reduce_matches_numpy_ring(n, fmt, op):
         out = torch.empty_like(ts[0])
         _tpcheck.ring_reduce(ts, out, "all_reduce", op, "rank", 0, 0, chunk)
         np.testing.assert_array_equal(bits(out), ref_bits(ref.rank_order(xs, fmt, op), fmt))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("fmt", ["f64", "f32", "f16", "bf16"])
+def test_rank_order_is_f32_accumulation_rounded_once(n, fmt):
+    """One meaning of rank order (docs/RUNNING.md): ranks 0, 1, ..., N-1 added in f32 (f64
+    for f64), rounded once to the dtype. The backend's CPU reduction (ring_reduce: all_reduce,
+    reduce, reduce_scatter) and the C++ thread group that runs `tpcheck run`'s ranks
+    (all_reduce, reduce_scatter) against the numpy reference written from that formula."""
+    count = 40 * n
+    xs = inputs(n, count, fmt, seed=900 + n)
+    ts = [as_torch(x, fmt) for x in xs]
+    want = ref.rank_order(xs, fmt)
+    if fmt in ("f16", "bf16") and n > 2:  # the inputs tell one rounding from one per step
+        assert not np.array_equal(ref_bits(want, fmt), ref_bits(ref.rank_order_per_step(xs, fmt), fmt))
+    for kind, root in (("all_reduce", 0), ("reduce", n - 1)):
+        out = torch.empty_like(ts[0])
+        _tpcheck.ring_reduce(ts, out, kind, "sum", "rank", 0, root)
+        np.testing.assert_array_equal(bits(out), ref_bits(want, fmt), err_msg=kind)
+    for r in range(n):
+        out = torch.empty(40, dtype=TORCH[fmt])
+        _tpcheck.ring_reduce(ts, out, "reduce_scatter", "sum", "rank", r)
+        np.testing.assert_array_equal(bits(out), ref_bits(want[r * 40:(r + 1) * 40], fmt))
+    wide = as_torch(want, fmt).double().numpy()
+    for r, got in enumerate(_tpcheck.thread_group_reduce("all_reduce", ts, "sum", "rank")):
+        np.testing.assert_array_equal(got, wide, err_msg=f"thread group all_reduce, rank {r}")
+    for r, got in enumerate(_tpcheck.thread_group_reduce("reduce_scatter", ts, "sum", "rank")):
+        np.testing.assert_array_equal(got, wide[r * 40:(r + 1) * 40],
+                                      err_msg=f"thread group reduce_scatter, rank {r}")
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -111,6 +141,10 @@ def test_ring_reduce_rejects_bad_input():
         _tpcheck.ring_reduce([a, a], torch.zeros(4), "all_reduce", "xor", "nccl-ring", 0)
     with pytest.raises(ValueError, match="order 'tree'"):
         _tpcheck.ring_reduce([a, a], torch.zeros(4), "all_reduce", "sum", "tree", 0)
+    with pytest.raises(ValueError, match="order 'tree'"):
+        _tpcheck.thread_group_reduce("all_reduce", [a, a], "sum", "tree")
+    with pytest.raises(ValueError, match="op 'prod'"):
+        _tpcheck.thread_group_reduce("all_reduce", [a, a], "prod", "rank")
 
 
 def test_launcher_hook_mappings():
@@ -120,7 +154,7 @@ def test_launcher_hook_mappings():
 
     import tpcheck
 
-    path = os.path.join(os.path.dirname(tpcheck.__file__), "torch", "_hook", "sitecustomize.py")
+    path = os.path.join(os.path.dirname(tpcheck.__file__), "emulate", "_hook", "sitecustomize.py")
     spec = importlib.util.spec_from_file_location("tpcheck_emulate_hook", path)
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
@@ -139,9 +173,10 @@ def test_launcher_hook_mappings():
 @pytest.mark.parametrize("n", [2, 3, 8])
 def test_torch_fold_of_the_cuda_path_is_ring_reduce(n):
     """The CUDA path's torch-op reductions (max, min, product over _tpcheck.ring_segments;
-    _cuda_ipc.torch_fold) run here on CPU tensors: the same bits as ring_reduce, every
-    kind and order. (Sum and average run the device group's kernel: tests/gpu.)"""
-    from tpcheck.torch._cuda_ipc import torch_fold
+    tpcheck.emulate.reduce.torch_fold) run here on CPU tensors: the same bits as
+    ring_reduce, every kind and order. (Sum and average run the device group's kernel:
+    tests/gpu.)"""
+    from tpcheck.emulate.reduce import torch_fold
 
     for fmt in ("f32", "bf16", "f16"):
         count = 24 * n + 8 * n  # a multiple of n for reduce_scatter
@@ -166,7 +201,7 @@ def test_torch_fold_of_the_cuda_path_is_ring_reduce(n):
 
 
 def test_split_all_reduce_shares_cover_the_buffer():
-    from tpcheck.torch._cuda_ipc import share
+    from tpcheck.emulate.reduce import share
 
     for count in (0, 1, 255, 256, 1000, 1 << 20, 3 * (1 << 20) + 17):
         for n in (1, 2, 3, 8):

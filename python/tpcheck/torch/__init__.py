@@ -1,11 +1,11 @@
 """tpcheck.torch — PyTorch programs under tpcheck.
 
-`import tpcheck.torch` registers the torch.distributed backend `tpcheck`: one process per
-rank, CPU tensors exchanged through shared memory, CUDA tensors of ranks sharing a GPU
-through CUDA IPC, reductions in NCCL's Ring/Simple order with its per-step rounding (the
-compiled ring model, `_tpcheck.ring_reduce`) or in rank order (TPCHECK_COMM_ORDER=rank).
-`python -m tpcheck emulate -n N -- CMD ...` launches an unchanged torchrun-style program
-on it; docs/EMULATE.md has what is mapped and what is not.
+The torch.distributed backend `tpcheck` (one process per rank, NCCL's ring numerics) is
+tpcheck.emulate's: `python -m tpcheck emulate -n N -- CMD ...` launches an unchanged
+torchrun-style program on it, and `tpcheck.emulate.register_backend()` registers it for
+plain torchrun (docs/EMULATE.md); importing tpcheck.torch no longer registers it. The
+emulate names this module had (EmulateError, TpcheckProcessGroup, comm_order, register)
+still work for one release, with a DeprecationWarning.
 
 It also judges any nn.Module (docs/JUDGE.md): `truth(module, *args, ...)` is its fp64
 twin with the rounding-noise probe, and `compare_tp(single, sharded, args, ...)`, called on
@@ -13,12 +13,26 @@ every rank, gathers the sharded outputs and gradients and judges each against si
 the truth.
 """
 
-from ._backend import EmulateError, TpcheckProcessGroup, comm_order, register
 from ..judge import CompareOptions, TPReport, TruthRunError, compare_tp
 from ..judge import ModuleTruth as TorchTruth  # the module truth's result, by its old name
 from ..judge import module_truth as truth
 
-register()
-
-__all__ = ["EmulateError", "TpcheckProcessGroup", "comm_order", "truth", "TorchTruth",
+__all__ = ["truth", "TorchTruth",
            "TruthRunError", "compare_tp", "CompareOptions", "TPReport"]
+
+# The emulate names this module had: tpcheck.emulate's now, forwarded for one release.
+_MOVED_TO_EMULATE = {"EmulateError": "EmulateError", "TpcheckProcessGroup": "TpcheckProcessGroup",
+                     "comm_order": "comm_order", "register": "register_backend"}
+
+
+def __getattr__(name):
+    new = _MOVED_TO_EMULATE.get(name)
+    if new is None:
+        raise AttributeError(f"module 'tpcheck.torch' has no attribute {name!r}")
+    import warnings
+
+    from .. import emulate
+
+    warnings.warn(f"tpcheck.torch.{name} is tpcheck.emulate.{new} now; the old name goes in "
+                  f"the next release", DeprecationWarning, stacklevel=2)
+    return getattr(emulate, new)

@@ -1,9 +1,12 @@
 """Start-up hook of `python -m tpcheck emulate` (its folder is put first on PYTHONPATH).
 
 Python imports `sitecustomize` at start-up. This one imports nothing heavy: it installs an
-import hook that, when (and only when) the program imports torch.distributed or torch.cuda,
-patches them so that an unchanged torchrun program runs on the `tpcheck` backend with
-several ranks per GPU (docs/EMULATE.md lists every mapping):
+import hook that, when (and only when) the program imports torch, patches it so that an
+unchanged torchrun program runs on the `tpcheck` backend with several ranks per GPU
+(docs/EMULATE.md lists every mapping):
+  * once torch is imported, the backend is registered (tpcheck.emulate.register_backend()),
+    so that `"tpcheck" in torch.distributed.Backend.backend_list` holds before the program
+    makes a group;
   * init_process_group / new_group: the backend "nccl" (also inside "cuda:nccl,cpu:gloo"
     style strings) and the default (None) become "tpcheck"; "gloo" stays gloo.
     device_id=cuda:i becomes cuda:(i mod the GPUs present), and is dropped without GPUs.
@@ -54,6 +57,21 @@ def _map_device(dev):
     return torch.device("cuda", (d.index or 0) % n)
 
 
+def _register():
+    import tpcheck.emulate
+
+    tpcheck.emulate.register_backend()
+
+
+def _patch_torch(_m):
+    """torch has finished importing: register the backend (init_process_group registers it
+    again and reports what fails there, so a failure here is not fatal)."""
+    try:
+        _register()
+    except Exception:  # noqa: BLE001 - reported by the patched init_process_group
+        pass
+
+
 def _patch_c10d(m):
     import functools
 
@@ -61,13 +79,12 @@ def _patch_c10d(m):
 
     @functools.wraps(orig_init)
     def init_process_group(backend=None, *args, **kwargs):
-        import tpcheck.torch  # noqa: F401 - registers the backend
-
+        _register()
         if "device_id" in kwargs:
             kwargs["device_id"] = _map_device(kwargs["device_id"])
         out = orig_init(_map_backend(backend), *args, **kwargs)
         try:
-            from tpcheck._emulate import mark_initialized
+            from tpcheck.emulate.protocol import mark_initialized
 
             mark_initialized(m.get_rank())
         except Exception:  # noqa: BLE001 - the mark is only for the launcher's message
@@ -76,8 +93,7 @@ def _patch_c10d(m):
 
     @functools.wraps(orig_new)
     def new_group(*args, **kwargs):
-        import tpcheck.torch  # noqa: F401
-
+        _register()
         if len(args) >= 3:
             args = list(args)
             args[2] = _map_backend(args[2]) if args[2] is not None else None
@@ -105,7 +121,8 @@ def _patch_cuda(m):
     m.set_device = set_device
 
 
-_PATCHES = {"torch.distributed.distributed_c10d": _patch_c10d, "torch.cuda": _patch_cuda}
+_PATCHES = {"torch": _patch_torch, "torch.distributed.distributed_c10d": _patch_c10d,
+            "torch.cuda": _patch_cuda}
 
 
 class _Hook:
