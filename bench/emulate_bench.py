@@ -1,10 +1,13 @@
-"""bench/emulate_bench.py — the performance goals of issue 32 (`tpcheck emulate`), in one
-run, side by side, on one GPU (run on an H200; figures in bench/RESULTS.md):
+"""bench/emulate_bench.py — the performance goals of `tpcheck emulate`, in one run, side by
+side, on one GPU (figures in bench/RESULTS.md):
 
-    PYTHONPATH=build/python python bench/emulate_bench.py [--tp 2 4 8] [--quick] [--mps]
-        [--parts mlp coll launch]
+    PYTHONPATH=build/python python bench/emulate_bench.py [--tp 2 4 8] [--quick]
+        [--mps | --no-mps] [--parts mlp coll launch]
 
-Prints a markdown table (date, GPU, commit) to append to bench/RESULTS.md:
+Every launch is the launcher's default (MPS when several ranks share a GPU and
+nvidia-cuda-mps-control is there), or with --mps / --no-mps as given; the table says which
+mode ran (the launcher's first line). Prints a markdown table (date, GPU, commit) to append
+to bench/RESULTS.md:
   1. MLP step (column -> gelu -> row, hidden 4096, ffn 16384, 4096 tokens, bf16, fwd+bwd):
      TP 1 (one rank under `emulate -n 1`, the same process image), TP N under `emulate` on
      the tpcheck backend, with and without sequence parallel, and the same under gloo
@@ -255,7 +258,8 @@ def host_side(a, colls):
 
 
 # ---- driver ------------------------------------------------------------------------------------
-MPS = []  # ["--mps"] with --mps: every launch's ranks are clients of an MPS server
+MPS = []  # the launcher's MPS flag: none (its default), --mps or --no-mps
+MODE = []  # the launcher's first line (which MPS mode ran and why), per distinct line
 
 
 def launch(n, args, env=None):
@@ -264,6 +268,9 @@ def launch(n, args, env=None):
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
+    first = (p.stderr.splitlines() or [""])[0]
+    if first.startswith("tpcheck emulate: ") and first not in MODE:
+        MODE.append(first)
     for line in p.stdout.splitlines():
         if "RESULT " in line:
             return json.loads(line.split("RESULT ", 1)[1]), wall
@@ -274,13 +281,16 @@ def driver(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--quick", action="store_true", help="small MLP, 3 iterations (a smoke test)")
-    p.add_argument("--mps", action="store_true",
-                   help="launch with `tpcheck emulate --mps` (ranks share the GPU through MPS)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--mps", dest="flag", action="store_const", const="--mps",
+                      help="launch with `tpcheck emulate --mps` (MPS even where no GPU is shared)")
+    mode.add_argument("--no-mps", dest="flag", action="store_const", const="--no-mps",
+                      help="launch with `tpcheck emulate --no-mps` (ranks take turns on the GPU)")
     p.add_argument("--parts", nargs="+", default=["mlp", "coll", "launch"],
                    choices=["mlp", "coll", "launch"], help="what to measure (default: all)")
     a = p.parse_args(argv)
-    if a.mps:
-        MPS.append("--mps")
+    if a.flag:
+        MPS.append(a.flag)
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
@@ -290,7 +300,7 @@ def driver(argv):
         cwd=os.path.dirname(HERE)).stdout.strip()
     size = ["--hidden", "512", "--ffn", "2048", "--tokens", "512", "--iters", "3"] if a.quick else []
     now = datetime.datetime.now(datetime.timezone.utc)
-    print(f"## tpcheck emulate{' --mps' if a.mps else ''} ({now:%Y-%m-%dT%H:%MZ}, {gpu}, "
+    print(f"## tpcheck emulate {a.flag or '(default launch)'} ({now:%Y-%m-%dT%H:%MZ}, {gpu}, "
           f"commit {commit})\n")
     if "mlp" in a.parts:
         mlp(a, size)
@@ -298,6 +308,7 @@ def driver(argv):
         collectives(a)
     if "launch" in a.parts:
         launch_overhead()
+    print("\nlaunch mode: " + " / ".join(m.replace("tpcheck emulate: ", "") for m in MODE))
 
 
 def mlp(a, size):
@@ -332,8 +343,8 @@ def launch_overhead():
         f.write("import torch.distributed\n")
         script = f.name
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tpcheck", "emulate", "-n", "8", "--", sys.executable, "-c",
-                    "import torch.distributed"], capture_output=True)
+    subprocess.run([sys.executable, "-m", "tpcheck", "emulate", "-n", "8", *MPS, "--", sys.executable,
+                    "-c", "import torch.distributed"], capture_output=True)
     ours = time.perf_counter() - t0
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",

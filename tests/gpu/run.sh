@@ -335,40 +335,45 @@ if has emulate; then
     # launch fills it, the timed ones later in this stage read it.
     unset PYTHONDONTWRITEBYTECODE
     export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/tpcheck-pycache"
+    # Staged (--no-mps: the ranks take turns on the GPU), then under MPS, the default launch
+    # wherever ranks share a GPU (its first line, in each log, says which mode ran).
     for n in 2 4 8; do
-      timed "emulate: every collective, cuda, TP $n" emulate_collectives_tp$n.log \
-        python3 -m tpcheck emulate -n $n -- "$root/tests/python/emulate_workers/collectives.py" --cuda
+      timed "emulate: every collective, cuda, TP $n, --no-mps" emulate_collectives_tp$n.log \
+        python3 -m tpcheck emulate -n $n --no-mps -- "$root/tests/python/emulate_workers/collectives.py" --cuda
       grep -E "ALL OK|Error|error" "$out/emulate_collectives_tp$n.log" | head -5 >>"$out/failures.txt"
     done
     # Every staged all-reduce split into per-rank shares (the default splits from 1 MiB),
-    # zero copy (the default under --mps) without MPS, the ranks as MPS clients, and rank
-    # order on an odd group size.
+    # zero copy (the default under MPS) without MPS, the ranks as MPS clients (the default
+    # launch), and rank order on an odd group size, staged and in place.
     timed "emulate: every collective, cuda, TP 4, all-reduce always split" emulate_collectives_split.log \
-      env TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 -- \
+      env TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 --no-mps -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     timed "emulate: every collective, cuda, TP 4, zero copy" emulate_collectives_zc.log \
-      env TPCHECK_EMULATE_ZERO_COPY=1 python3 -m tpcheck emulate -n 4 -- \
+      env TPCHECK_EMULATE_ZERO_COPY=1 python3 -m tpcheck emulate -n 4 --no-mps -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
-    timed "emulate: every collective, cuda, TP 8, --mps" emulate_collectives_mps.log \
-      python3 -m tpcheck emulate -n 8 --mps -- "$root/tests/python/emulate_workers/collectives.py" --cuda
+    timed "emulate: every collective, cuda, TP 8, default launch (MPS)" emulate_collectives_mps.log \
+      python3 -m tpcheck emulate -n 8 -- "$root/tests/python/emulate_workers/collectives.py" --cuda
     # The reduction kernel one element at a time (TPCHECK_REDUCE_VECTOR=0; the vector path is
     # the default above): bits at TP 8 under MPS (zero copy, the in-place all-reduce) and TP
     # 4 split, and the C++ device group's test.
-    timed "emulate: every collective, cuda, TP 8, --mps, scalar kernel" emulate_collectives_scalar.log \
-      env TPCHECK_REDUCE_VECTOR=0 python3 -m tpcheck emulate -n 8 --mps -- \
+    timed "emulate: every collective, cuda, TP 8, default launch (MPS), scalar kernel" emulate_collectives_scalar.log \
+      env TPCHECK_REDUCE_VECTOR=0 python3 -m tpcheck emulate -n 8 -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     timed "emulate: every collective, cuda, TP 4 split, scalar kernel" emulate_collectives_scalar_split.log \
-      env TPCHECK_REDUCE_VECTOR=0 TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 -- \
+      env TPCHECK_REDUCE_VECTOR=0 TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 --no-mps -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     if [ -x "$root/.devrun/tests/comm_ring_test" ]; then
       timed "device group ring test, scalar kernel" comm_ring_scalar.log \
         env TPCHECK_REDUCE_VECTOR=0 "$root/.devrun/tests/comm_ring_test"
     fi
-    timed "emulate: every collective, cuda, TP 3, rank order" emulate_collectives_rank.log \
+    timed "emulate: every collective, cuda, TP 3, rank order, --no-mps" emulate_collectives_rank.log \
+      python3 -m tpcheck emulate -n 3 --comm-order rank --no-mps -- \
+      "$root/tests/python/emulate_workers/collectives.py" --cuda
+    timed "emulate: every collective, cuda, TP 3, rank order, default launch (MPS)" emulate_collectives_rank_mps.log \
       python3 -m tpcheck emulate -n 3 --comm-order rank -- \
       "$root/tests/python/emulate_workers/collectives.py" --cuda
     for f in emulate_collectives_split emulate_collectives_zc emulate_collectives_mps emulate_collectives_rank \
-             emulate_collectives_scalar emulate_collectives_scalar_split; do
+             emulate_collectives_rank_mps emulate_collectives_scalar emulate_collectives_scalar_split; do
       grep -E "ALL OK|Error|error" "$out/$f.log" | head -5 >>"$out/failures.txt"
     done
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
@@ -383,10 +388,10 @@ if has emulate; then
       python3 -m tpcheck emulate -n 4 -- "$root/examples/tf32_investigation.py"
     # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:
     # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
-    timed "emulate: bench, TP 8" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8
-    timed "emulate: bench, TP 8, --mps" emulate_bench_mps.log \
+    timed "emulate: bench, TP 8, --no-mps" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8 --no-mps
+    timed "emulate: bench, TP 8, default launch (MPS)" emulate_bench_mps.log \
       env TPCHECK_BENCH_PROFILE="$out/emulate_bench_mps_profile.txt" \
-      python3 "$root/bench/emulate_bench.py" --tp 8 --mps --parts mlp coll
+      python3 "$root/bench/emulate_bench.py" --tp 8 --parts mlp coll
     timed "compare_tp: bench, TP 2 and 8, --mps" compare_bench.log \
       python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3 --mps
     cat "$out/emulate_example.log" "$out/emulate_tf32.log" "$out/emulate_bench.log" \
