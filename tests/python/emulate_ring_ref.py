@@ -1,5 +1,5 @@
 """An independent numpy model of NCCL's ring collectives (one channel, Simple protocol), for
-the emulate tests (issue 32). Written from NCCL's published algorithm (src/device/
+the emulate tests. Written from NCCL's published algorithm (src/device/
 all_reduce.h runRing, reduce_scatter.h, reduce.h, src/enqueue.cc; docs/EMULATE.md), not
 from tpcheck's C++: the ring is simulated step by step with messages, as the GPUs run it.
 

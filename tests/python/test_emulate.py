@@ -1,5 +1,5 @@
 """tests/python/test_emulate.py — `python -m tpcheck emulate` and the `tpcheck`
-torch.distributed backend (issue 32), on the CPU (shared memory).
+torch.distributed backend (tpcheck.emulate), on the CPU (shared memory).
 
 Launches (each costs ~2 s of torch import per rank, so they are few): every collective of
 the issue at TP 4 (nccl-ring order) and TP 3 (rank order) against plain references and an
@@ -74,6 +74,7 @@ def test_every_collective(n, order, tmp_path):
         assert "new_group all_reduce" in names
     assert any(s.startswith("refuses sparse") for s in names)
     assert any(s.startswith("refuses fp8") for s in names)
+    assert any(s.startswith("refuses bool avg") for s in names)
     assert "send/recv" in ok_lines(out, n - 1)
 
 

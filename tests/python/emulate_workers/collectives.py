@@ -1,8 +1,8 @@
-"""Every collective of issue 32 on the `tpcheck` backend (CPU tensors, or CUDA ones with
---cuda) against a plain reference computed
-here (every rank's input is known to every rank: it is a function of the rank). Run by
-test_emulate.py under `python -m tpcheck emulate -n N [--comm-order ...]`; prints
-`OK <name>` per check and `ALL OK` at the end. Written as a user would: init with "nccl".
+"""Every collective of the `tpcheck` backend (CPU tensors, or CUDA ones with --cuda)
+against a plain reference computed here (every rank's input is known to every rank: it is
+a function of the rank). Run by test_emulate.py under
+`python -m tpcheck emulate -n N [--comm-order ...]`; prints `OK <name>` per check and
+`ALL OK` at the end. Written as a user would: init with "nccl".
 """
 
 import os
@@ -81,7 +81,7 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         dist.all_reduce(t, op=OPS[op])
         expect_equal(f"all_reduce {op} {FMT[dtype]}", t, ring_all_reduce(xs, dtype, op))
 
-# --cuda: a large all-reduce (a split one: every rank folds 1/N, _cuda_ipc.py) that crosses
+# --cuda: a large all-reduce (split: every rank folds 1/N, emulate/cuda_ipc.py) that crosses
 # the 2 MiB chunks of the ring (bf16: loops of N x 1M elements, then a partial loop), against
 # the compiled host model of the CPU path (too large for the Python reference above).
 if DEV.type == "cuda":
@@ -258,12 +258,15 @@ assert torch.equal(g0, lin.weight.grad), "DDP gradients differ between ranks"
 print("OK DDP", flush=True)
 
 # tensors the backend cannot handle: an error naming them (every rank, before any exchange)
-for name, bad in (("sparse", torch.zeros(4).to_sparse()), ("fp8", D(torch.zeros(4, dtype=torch.float8_e4m3fn)))):
+REFUSED = {"sparse": (torch.zeros(4).to_sparse(), dist.ReduceOp.SUM, "sparse"),
+           "fp8": (D(torch.zeros(4, dtype=torch.float8_e4m3fn)), dist.ReduceOp.SUM, "float8_e4m3fn"),
+           "bool avg": (D(torch.ones(4, dtype=torch.bool)), dist.ReduceOp.AVG, "AVG of a bool")}
+for name, (bad, op, says) in REFUSED.items():
     try:
-        dist.all_reduce(bad)
+        dist.all_reduce(bad, op=op)
     except Exception as e:  # noqa: BLE001
         msg = str(e)
-        assert ("sparse" in msg if name == "sparse" else "float8_e4m3fn" in msg), msg
+        assert says in msg, msg
         print(f"OK refuses {name}: {msg.splitlines()[0][:100]}", flush=True)
     else:
         raise AssertionError(f"all_reduce of a {name} tensor did not fail")
