@@ -34,7 +34,7 @@ from torch_tp_layers import MLP  # noqa: E402
 
 import tpcheck  # noqa: E402
 from tpcheck._names import REPORT_KIND_PARAMETER_GRADIENT  # noqa: E402
-from tpcheck.torch import compare_tp  # noqa: E402
+from tpcheck.torch import TruthRunError, compare_tp  # noqa: E402
 
 LONG = os.environ.get("TPCHECK_TEST_LONG") == "1"
 HELD_OUT_SEEDS = list(range(101, 131)) if LONG else [101, 102, 103]
@@ -57,12 +57,15 @@ BAD_INPUTS = {
 BAD_FOUND_ON = {"rank1-unknown-shards": 1, "rank1-other-input-values": 1,
                 "rank1-other-input-shape": None, "root-only-buffer-change": 0}
 AFTER_BAD_SEED = 199  # a correct run after the bad inputs: the group still works
+# forward only (no grad_output, a non-scalar output): correct code, and bugs of the forward
+FORWARD_ONLY = [("none", 101), ("dropped-allreduce", 7), ("rescale", 7), ("shard-offset", 7)]
 
 
 def _jobs() -> list[dict]:
     jobs = [dict(kind=k, bug="none", seed=s) for k in KINDS for s in HELD_OUT_SEEDS]
     jobs += [dict(kind=k, bug=b, seed=7) for k, b in BUGS]
     jobs += [dict(kind="replica", bug="rank1-output-scaled", seed=7)]
+    jobs += [dict(kind="megatron-fwd", bug=b, seed=s) for b, s in FORWARD_ONLY]
     jobs += [dict(kind="bad-input", bug=b, seed=0) for b in BAD_INPUTS]
     jobs += [dict(kind="megatron", bug="none", seed=AFTER_BAD_SEED)]
     return jobs
@@ -116,7 +119,7 @@ def test_truth_is_computed_on_rank_0_only_and_every_rank_gets_the_same_report(tp
     verdicts reach every rank: the same report (but for its `rank`), the same assert_ok
     reason, and the judged tensors (raw) only on rank 0."""
     n, ranks = tp_results
-    jobs = [k for k in _by_job(ranks) if k[0] in KINDS or k[0] == "replica"]
+    jobs = [k for k in _by_job(ranks) if k[0] in KINDS or k[0] in ("replica", "megatron-fwd")]
     assert len(jobs) == len(_jobs()) - len(BAD_INPUTS)
     for key in jobs:
         rs = _by_job(ranks)[key]
@@ -142,6 +145,17 @@ def test_a_replica_that_differs_on_one_rank_is_judged_on_every_rank(tp_results):
         assert not copy_entry["verdicts"]["truth"]["passed"]
         assert "output (rank 1's copy)" in r["failing"]
         assert not any(name.endswith(f"(rank {q}'s copy)") for name in entries for q in range(2, n))
+
+
+def test_forward_only_on_every_rank(tp_results):
+    """No grad_output: every rank judges the outputs and the parameters' gather, says no
+    backward ran, passes correct code and fails each forward bug."""
+    n, ranks = tp_results
+    for bug, seed in FORWARD_ONLY:
+        rs = _by_job(ranks)[("megatron-fwd", bug, seed)]
+        assert len(rs) == n and all("error" not in r for r in rs), rs[0].get("traceback")
+        assert all(r["backward"] is False and r["kinds"] == ["output", "parameter"] for r in rs)
+        assert all(r["passed"] == (bug == "none") for r in rs), (bug, [r["failing"] for r in rs])
 
 
 @pytest.mark.parametrize("bug", list(BAD_INPUTS))
@@ -250,6 +264,91 @@ def test_options_object_and_keywords(one_rank_group):
     assert opts.policy == "te"  # the caller's object is left as it was
     with pytest.raises(tpcheck.InputError, match=r"unknown keywords \['grad_outputs'\].*'grad_output'"):
         compare_tp(single, copy.deepcopy(single), (x,), grad_outputs=dy)
+
+
+# --- forward only, casts, modules that cannot be copied (one rank) ----------------------
+
+def test_forward_only_judges_outputs_and_parameters(one_rank_group):
+    """No grad_output and a non-scalar output, or backward=False: the outputs and the
+    parameters' gather are judged, the report says no backward ran; a bug is still caught."""
+    single = _mlp()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    for report in (compare_tp(single, copy.deepcopy(single), (x,)),
+                   compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, backward=False)):
+        report.assert_ok()
+        assert report.backward is False and report.to_dict()["backward"] is False
+        assert {e["kind"] for e in report.entries} == {"output", "parameter"}
+        assert any("no backward ran" in n for n in report.notes), report.notes
+    scaled = copy.deepcopy(single)
+    scaled.fc2.register_forward_hook(lambda mod, inp, out: out * 1.001)
+    bad = compare_tp(single, scaled, (x,))
+    assert [f["name"] for f in bad.failures] == ["output"]
+    with pytest.raises(tpcheck.InputError, match=r"backward=True, but no grad_output .*pass grad_output="):
+        compare_tp(single, copy.deepcopy(single), (x,), backward=True)
+    # a scalar output runs backward without grad_output, as before
+    summed = compare_tp(torch.nn.Sequential(single, _Sum()), torch.nn.Sequential(copy.deepcopy(single), _Sum()), (x,))
+    assert summed.backward and any(e["kind"] == REPORT_KIND_PARAMETER_GRADIENT for e in summed.entries)
+
+
+class _Sum(torch.nn.Module):
+    def forward(self, y):
+        return y.sum()
+
+
+class _CastingMLP(torch.nn.Module):
+    """An MLP whose norm computes in float32 and whose fc2 input makes a bf16 round trip
+    (what Llama-style code does on purpose): the truth lifts both, the runs keep them."""
+
+    def __init__(self, h=8, f=16):
+        super().__init__()
+        self.mlp = MLP(h, f)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(h))
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        return self.mlp(h.to(torch.bfloat16).to(x.dtype))
+
+
+def test_casts_below_float64_are_lifted_and_reported(one_rank_group):
+    torch.manual_seed(21)
+    single = _CastingMLP()
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    report.assert_ok()
+    lifted = {(r["op"], r["dtype"]) for r in report.truth_lifted}
+    assert lifted == {("aten._to_copy", "float32"), ("aten._to_copy", "bfloat16")}
+    assert any("kept float64 through" in n for n in report.notes)
+    assert report.to_dict()["truth_lifted"] == report.truth_lifted
+    broken = copy.deepcopy(single)
+    broken.mlp.fc1.register_forward_hook(lambda mod, inp, out: out * 1.01)
+    assert not compare_tp(single, broken, (x,), grad_output=dy).passed
+    with pytest.raises(TruthRunError, match=r"aten\._to_copy produced a torch.float32 result"):
+        compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, strict_truth=True)
+
+
+class _HoldsGroup(torch.nn.Module):
+    """A Megatron-style module: it keeps its process group (which cannot be deep-copied)."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self.mlp = MLP(8, 16)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def test_a_module_holding_its_process_group_is_judged(one_rank_group):
+    torch.manual_seed(22)
+    single, sharded = _HoldsGroup(one_rank_group), _HoldsGroup(one_rank_group)
+    sharded.load_state_dict(single.state_dict())
+    with pytest.raises(TypeError, match="cannot pickle"):
+        copy.deepcopy(single)
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    before = {k: v.clone() for k, v in single.state_dict().items()}
+    compare_tp(single, sharded, (x,), grad_output=dy).assert_ok()
+    assert all(torch.equal(before[k], v) for k, v in single.state_dict().items())
 
 
 def test_unknown_policy(one_rank_group):

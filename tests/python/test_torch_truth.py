@@ -7,8 +7,11 @@
 - the rounding noise: deterministic, seed-dependent, and the floor that keeps the truth
   policy fair on a gradient that cancels to ~0 (attention's key bias) where
   torch.testing.assert_close with its defaults fails;
-- refusals: a random op without a seed, an FP8 cast, a float32 cast, an op without a
-  float64 kernel — each naming the op.
+- refusals: a random op without a seed, an FP8 cast and a float32 cast under strict=True,
+  an op without a float64 kernel — each naming the op.
+
+tests/python/test_torch_truth_casts.py has the truth through precision casts, the module
+left untouched, and the float64 references.
 """
 
 from __future__ import annotations
@@ -218,19 +221,26 @@ def test_random_ops_are_refused_by_name_unless_seeded():
     truth(m.eval(), x, grad_output=torch.ones(3, 4))  # eval: no random op
 
 
-def test_fp8_and_float32_casts_are_refused_by_name():
-    class Fp8(torch.nn.Module):
-        def forward(self, x):
-            return x.to(torch.float8_e4m3fn).to(x.dtype) * 2
+class Fp8(torch.nn.Module):
+    def forward(self, x):
+        return x.to(torch.float8_e4m3fn).to(x.dtype) * 2
 
-    class F32(torch.nn.Module):
-        def forward(self, x):
-            return x.float() * 2
+
+class F32(torch.nn.Module):
+    def forward(self, x):
+        return x.float() * 2
+
+
+def test_strict_refuses_fp8_and_float32_casts_by_name():
     x = torch.randn(4, 4)
-    with pytest.raises(TruthRunError, match=r"aten\._to_copy produced an FP8 cast"):
-        truth(Fp8(), x, probe=False)
+    with pytest.raises(TruthRunError, match=r"aten\._to_copy produced an FP8 cast .*in module <Fp8>"):
+        truth(Fp8(), x, probe=False, strict=True)
     with pytest.raises(TruthRunError, match=r"aten\._to_copy produced a torch.float32 result"):
-        truth(F32(), x, probe=False)
+        truth(F32(), x, probe=False, strict=True)
+    # without strict the casts keep float64: x·2 exactly, the FP8 round trip an identity
+    x64 = x.double()
+    assert torch.equal(truth(Fp8(), x, probe=False).output, x64 * 2)
+    assert torch.equal(truth(F32(), x, probe=False).output, x64 * 2)
 
 
 @torch.library.custom_op("tpcheck_judge_test::f32_only", mutates_args=())

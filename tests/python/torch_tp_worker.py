@@ -156,6 +156,8 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
         dy = torch.randn(batch, seq, hidden)
         dims = {"input": 1} if sp else {}
         out_dims = {"output": 1} if sp else {}
+    if kind.endswith("-fwd"):
+        dy = None  # forward only: an inference TP check
     try:
         report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=dims,
                             output_dims=out_dims, policy=policy)
@@ -180,7 +182,8 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
             "reasons": [list(e["verdicts"].values())[0]["reason"] for e in report.failures][:3],
             "assert_close_fails": _assert_close_fails(pairs), "te_rule_fails": _te_rule_fails(pairs),
             "truth_calls": TRUTH_CALLS - truth_calls_before, "report": shared,
-            "assert_ok": assert_ok, "raw_names": sorted(report.raw)}
+            "assert_ok": assert_ok, "raw_names": sorted(report.raw),
+            "kinds": sorted({e["kind"] for e in report.entries}), "backward": report.backward}
 
 
 def rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:

@@ -17,7 +17,9 @@ PyTorch modules (imported on first use; also tpcheck.torch.truth / compare_tp):
 
 Modules: _verdict (compare, Verdict), _layer_truth, _result (the protocol), _module_truth
 (the module truth: _dispatch is its dispatch mode, _probe the rounding probe's factors,
-_lifting the precision casts it lifts, _references the float64 stand-ins), _compare_tp
+_lifting the precision casts it lifts, _references the float64 stand-ins for kernels and
+_reference_kernels the shipped ones), _compiled (the compiled module's argument errors as
+InputError), _compare_tp
 (compare_tp's phases over CompareOptions; _group its collectives, _runs the forward and
 backward runs, _gather the shards' reassembly, _gemm the GEMM math class, _report
 TPReport), _naming (one name for each tensor of a call). None of them registers a

@@ -31,7 +31,8 @@ class CompareOptions:
     when grad_output is given or the output is a scalar). shards, input_dims, output_dims:
     how parameters, inputs and outputs are split. policy, group. The truth policy's error
     model: unit_roundoff, math, reduction_length, tp_size, multiplier, floor_factor. The
-    truth: probe, truth (a precomputed module truth). check_parameters, trace_gemms."""
+    truth: probe, strict_truth (refuse casts below float64 instead of lifting them),
+    truth (a precomputed module truth). check_parameters, trace_gemms."""
 
     grad_output: Any = None
     backward: Optional[bool] = None
@@ -47,6 +48,7 @@ class CompareOptions:
     multiplier: float = 4.0
     floor_factor: float = 1.0
     probe: bool = True
+    strict_truth: bool = False
     truth: Optional[ModuleTruth] = None
     check_parameters: bool = True
     trace_gemms: Optional[bool] = None

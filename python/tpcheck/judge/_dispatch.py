@@ -2,9 +2,12 @@
 
 One mode does four things for every aten op the module's forward and backward call:
 
-- keeps the run float64: an op whose floating output is not float64 (a cast to float32 in
-  the module's code, autocast, an FP8 cast) is an error naming the op — a "truth" that
-  silently ran part of the layer in float32 would judge against a rounded answer;
+- keeps the run float64: a cast to a narrower floating type in the module's code (a dtype
+  argument, an FP8 cast) is lifted to float64 and recorded (_lifting); with strict=True it
+  is refused by name instead. An op that still yields a narrower result, or fails on
+  float64 operands, has no float64 path: an error naming it, the module that called it and
+  the fix (a registered reference, _references) — a "truth" that silently ran part of the
+  layer in float32 would judge against a rounded answer;
 - refuses random ops (dropout, bernoulli, rand...) by name unless a fixed seed was given;
 - records the longest GEMM reduction (mm, addmm, bmm, baddbmm, convolution): the K of the
   truth policy's floor u·sqrt(K)·|truth|;
@@ -27,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .._errors import RunError
+from ._lifting import Lifts, ModuleStack, code_location, lift_arguments
 from ._probe import probe_factors
 
 # Ops whose results are copies or rearrangements of their inputs' values (no rounding).
@@ -93,58 +97,87 @@ def _gemm_reduction_length(name: str, args: tuple) -> int:
     return 0
 
 
+FIX = ("it needs a float64 reference: tpcheck.judge.register_reference(target, fn) with "
+        "the op, autograd.Function or module type as target (docs/JUDGE.md, \"Kernels "
+        "without float64\"), or judge with policy='te'")
+
+
 class F64TruthMode(TorchDispatchMode):
-    """Runs ops as they are, checking each stays float64; records K; optionally probes.
+    """Runs ops as they are, keeping the run float64; records K; optionally probes.
 
     probe_u: None for the plain truth run, else the probe's relative size (2^-30).
     rng_seed: None refuses random ops; an int allows them (the caller seeds the generator).
+    strict: refuse every narrower floating result (a cast, FP8) instead of lifting it to
+    float64 (_lifting). modules: names the running module in lifts and errors.
     """
 
     def __init__(self, *, probe_u: Optional[float] = None, probe_seed: int = 1234,
-                 rng_seed: Optional[int] = None):
+                 rng_seed: Optional[int] = None, strict: bool = True,
+                 modules: Optional[ModuleStack] = None):
         super().__init__()
         self.probe_u = probe_u
         self.probe_seed = int(probe_seed)
         self.rng_seed = rng_seed
+        self.strict = strict
+        self.modules = modules
+        self.lifts = Lifts(modules)
         self.counter = 0            # probe stream positions used so far
         self.reduction_length = 0   # the longest GEMM reduction seen
         self.gemm_calls = 0
-        self.ops_seen: set[str] = set()
+
+    def _where(self) -> str:
+        module = self.modules.current() if self.modules is not None else ""
+        return f"in module {module} ({code_location()})" if module else f"({code_location()})"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = _op_name(func)
-        self.ops_seen.add(name)
         if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) and self.rng_seed is None:
             raise TruthRunError(
                 f"tpcheck.torch.truth: the module calls the random op {_qualified(func)} (dropout, "
-                "bernoulli, rand...); its truth would draw different numbers than the runs it "
-                "judges. Put the module in eval() / set the probability to 0, or pass "
-                "rng_seed=<int> to draw from a fixed seed")
+                "bernoulli, rand...) " + self._where() + "; its truth would draw different "
+                "numbers than the runs it judges. Put the module in eval() / set the "
+                "probability to 0, or pass rng_seed=<int> to draw from a fixed seed")
+        if not self.strict and not func.is_view:
+            args, kwargs = lift_arguments(func, _qualified(func), args, kwargs, self.lifts)
         if name in _GEMMS:
             self.gemm_calls += 1
             self.reduction_length = max(self.reduction_length, _gemm_reduction_length(name, args))
+        out = self._run(func, args, kwargs)
+        flat_out, _ = tree_flatten(out)
+        if any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0]):
+            self._check_float64(func, flat_out)  # factories (ones, zeros) are exact
+        if self.probe_u is not None and name not in _DATA_MOVEMENT and not func.is_view:
+            self._perturb(func, args, kwargs, flat_out)
+        return out
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         try:
-            out = func(*args, **kwargs)
+            return func(*args, **kwargs)
         except (RuntimeError, NotImplementedError, TypeError) as e:
             dtypes = sorted({str(a.dtype).replace("torch.", "") for a in tree_flatten((args, kwargs))[0]
                              if isinstance(a, torch.Tensor)})
             raise TruthRunError(f"tpcheck.torch.truth: {_qualified(func)} failed in the float64 run "
-                                f"(operand dtypes {dtypes}): {e}") from e
-        flat_out, _ = tree_flatten(out)
-        has_tensor_input = any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0])
-        for t in flat_out if has_tensor_input else ():  # factories (ones, zeros) are exact
-            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
-                if t.dtype != torch.float64:
-                    kind = "an FP8 cast" if "float8" in str(t.dtype) else f"a {t.dtype} result"
-                    raise TruthRunError(
-                        f"tpcheck.torch.truth: {_qualified(func)} produced {kind} ({t.dtype}, shape "
-                        f"{tuple(t.shape)}) in the float64 run; the truth must compute every "
-                        "value in float64 (remove the module's casts/autocast for the truth, "
-                        "or judge that part separately)")
-        if self.probe_u is not None and name not in _DATA_MOVEMENT and not func.is_view:
-            self._perturb(func, args, kwargs, flat_out)
-        return out
+                                f"(operand dtypes {dtypes}) {self._where()}: {e}; {FIX}") from e
+
+    def _check_float64(self, func: Any, flat_out: list) -> None:
+        """Every floating result is float64; else the op is named (what it produced, where,
+        and what to do)."""
+        for t in flat_out:
+            if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()) \
+                    or t.dtype == torch.float64:
+                continue
+            kind = "an FP8 cast" if "float8" in str(t.dtype) else f"a {t.dtype} result"
+            if self.strict:
+                raise TruthRunError(
+                    f"tpcheck.torch.truth: {_qualified(func)} produced {kind} ({t.dtype}, shape "
+                    f"{tuple(t.shape)}) in the float64 run {self._where()}; strict=True refuses "
+                    "every cast below float64 (strict=False keeps float64 through them, "
+                    "docs/JUDGE.md)")
+            raise TruthRunError(
+                f"tpcheck.torch.truth: {_qualified(func)} produced {kind} ({t.dtype}, shape "
+                f"{tuple(t.shape)}) from float64 operands {self._where()}: the op has no float64 "
+                f"path; {FIX}")
 
     def _perturb(self, func: Any, args: tuple, kwargs: dict, flat_out: list) -> None:
         mutable = func._schema.is_mutable

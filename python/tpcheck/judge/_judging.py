@@ -76,7 +76,7 @@ def _truth(c: Call) -> Optional[ModuleTruth]:
     if o.truth is not None:
         return o.truth
     t = module_truth(c.single, *c.args, grad_output=o.grad_output, backward=c.backward,
-                     probe=o.probe, **c.kwargs)
+                     probe=o.probe, strict=o.strict_truth, **c.kwargs)
     c.clock.lap("truth")
     return t
 
@@ -97,6 +97,20 @@ def _error_model(c: Call, truth: Optional[ModuleTruth], traces: list[dict]) -> t
                 "gemm_calls_traced": calls,
                 "gemm_trace_note": None if calls else traces[0]["why_not"]}
     return reported, judged
+
+
+def _note_truth(report: TPReport, truth: ModuleTruth) -> None:
+    """What the truth lifted to float64 and which references stood in, in the report."""
+    report.truth_lifted = truth.lifted
+    report.truth_references = truth.references
+    if truth.lifted:
+        ops = sorted({f"{r['op']} to {r['dtype']}" for r in truth.lifted})
+        count = sum(r["count"] for r in truth.lifted)
+        report.notes.append(f"the truth kept float64 through {count} casts below it "
+                            f"({', '.join(ops)}): truth_lifted lists where")
+    for r in truth.references:
+        report.notes.append(f"the truth used the float64 reference of {r['kind']} {r['target']} "
+                            f"({r['calls']} calls)")
 
 
 def _copies(c: Call, payloads: list[dict]) -> dict[str, list[tuple[int, torch.Tensor]]]:
@@ -149,6 +163,8 @@ def _judge(c: Call, payloads: list[dict]) -> TPReport:
         why = ("backward=False" if c.opts.backward is False
                else "no grad_output was given and the output is not a scalar")
         report.notes.append(_NO_BACKWARD.format(why=why))
+    if truth is not None:
+        _note_truth(report, truth)
     copies = _copies(c, payloads)
     _judge_parameters(c, report, copies)
     _judge_tensors(report, pairs, truth, copies, model)

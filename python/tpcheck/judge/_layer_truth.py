@@ -61,7 +61,8 @@ class LayerTruth:
         (the layer truth does not measure K: pass the layer's longest GEMM reduction)."""
         found = self.tensors()
         if name not in found:
-            raise InputError(f"LayerTruth.truth_for: no tensor {name!r}; expected one of {sorted(found)}")
+            raise InputError(f"LayerTruth.truth_for: no tensor {name!r}; expected one of "
+                             f"{sorted(found)}")
         return TruthTensor(found[name], reduction_length, tp_size, None, name)
 
     def __repr__(self) -> str:

@@ -4,12 +4,17 @@
     t = module_truth(mlp, x, grad_output=dy)
     t.outputs["output"], t.input_grads["input"], t.grads["fc1.weight"]   # float64
     t.noise.grads["fc1.weight"]         # what one rounding of everything moves it by
+    t.lifted                            # the casts below float64 that kept float64
 
-The module is deep-copied and converted to float64 on its own device, the inputs are cast
-to float64, and forward and backward run once exactly as the module's code says, under a
-dispatch mode (_dispatch) that refuses anything that would make the answer not float64 (a
-cast, an FP8 op, an op without a float64 kernel) or not reproducible (a random op without
-a seed).
+The module itself runs, on float64 copies of its parameters and buffers swapped in for
+the call (torch.func.functional_call): nothing of it is copied or changed — parameters,
+their .grad and requires_grad, buffers, hooks, and torch's RNG state are as before — so
+modules that hold process groups, streams or RNG trackers (which cannot be deep-copied)
+have a truth too. The inputs are cast to float64, and forward and backward run once as
+the module's code says, under a dispatch mode (_dispatch) that keeps every value float64:
+casts to a narrower type are lifted (_lifting; strict=True refuses them instead), an op
+without a float64 path is named with the module that called it, unless a float64
+reference was registered for it (_references), and a random op without a seed is refused.
 
 With probe=True the same computation runs a second time with every op's result multiplied
 by 1 + 2^-30·r (r uniform in [-1, 1), the suite's probe stream): `noise` = (probed −
@@ -21,16 +26,20 @@ rounding errors do not. docs/JUDGE.md is the manual.
 
 from __future__ import annotations
 
-import copy
-from typing import Any, Callable, Mapping, Optional
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
+from torch.func import functional_call
 
-from .._errors import InputError
+from .._errors import Error, InputError
 from .._names import (PROBE_U, REPORT_KIND_INPUT_GRADIENT, REPORT_KIND_OUTPUT,
                       REPORT_KIND_PARAMETER_GRADIENT)
-from ._dispatch import F64TruthMode
+from ._dispatch import FIX, F64TruthMode, TruthRunError
+from ._lifting import ModuleStack
 from ._naming import named_tensors
+from ._references import References
 from ._runs import backward_from, input_gradients, leaf_inputs, one_device
 from ._verdict import TruthTensor
 
@@ -47,14 +56,18 @@ class ModuleTruth:
     `noise` is a ModuleTruth of the rounding noise (None without the probe);
     `reduction_length` the longest GEMM reduction the run made (K of the truth policy),
     `gemm_calls` how many GEMMs it made, `backward` whether a backward ran (else the
-    gradients are empty). `truth_for(name, tp_size=N)` gives one tensor to tpcheck.compare."""
+    gradients are empty), `lifted` the casts below float64 it kept in float64 (one dict per
+    op, dtype and place: op, dtype, kind, module, where, count), `references` the float64
+    references that stood in for kernels. `truth_for(name, tp_size=N)` gives one tensor to
+    tpcheck.compare."""
 
     __slots__ = ("outputs", "input_grads", "grads", "noise", "reduction_length", "gemm_calls",
-                 "backward")
+                 "backward", "lifted", "references")
 
     def __init__(self, outputs: dict, input_grads: dict, grads: dict,
                  noise: Optional["ModuleTruth"] = None, reduction_length: int = 0,
-                 gemm_calls: int = 0, backward: bool = True):
+                 gemm_calls: int = 0, backward: bool = True, lifted: Optional[list] = None,
+                 references: Optional[list] = None):
         self.outputs = outputs
         self.input_grads = input_grads
         self.grads = grads
@@ -62,6 +75,8 @@ class ModuleTruth:
         self.reduction_length = reduction_length
         self.gemm_calls = gemm_calls
         self.backward = backward
+        self.lifted = list(lifted or [])
+        self.references = list(references or [])
 
     @property
     def output(self) -> torch.Tensor:
@@ -90,42 +105,124 @@ class ModuleTruth:
     def __repr__(self) -> str:
         return (f"ModuleTruth(outputs={list(self.outputs)}, input_grads={list(self.input_grads)}, "
                 f"grads={list(self.grads)}, K={self.reduction_length}, "
-                f"probe={'yes' if self.noise is not None else 'no'})")
+                f"probe={'yes' if self.noise is not None else 'no'}, lifted={len(self.lifted)})")
+
+
+@dataclass
+class _Request:
+    """What module_truth was asked for: each run (exact, probed) repeats it."""
+
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    grad_output: Any
+    loss: Optional[Callable]
+    backward: bool
+    rng_seed: Optional[int]
+    strict: bool
+    device: torch.device
+
+
+def _f64_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """float64 copies of the module's parameters (leaves, with its requires_grad and its
+    plain attributes: Megatron's tensor_model_parallel, ...) and buffers (others cloned)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters():
+        q = p.detach().to(torch.float64, copy=True) if p.is_floating_point() else p.detach().clone()
+        q = torch.nn.Parameter(q, requires_grad=p.requires_grad and q.is_floating_point())
+        for k, v in vars(p).items():
+            if not isinstance(v, torch.Tensor):
+                setattr(q, k, v)
+        state[name] = q
+    for name, b in module.named_buffers():
+        state[name] = b.detach().to(torch.float64, copy=True) if b.is_floating_point() \
+            else b.detach().clone()
+    return state
 
 
 def _f64_leaf(_name: str, t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64) if t.is_floating_point() else t
 
 
-def _run_once(module: torch.nn.Module, args: tuple, kwargs: dict, grad_output: Any,
-              loss: Optional[Callable], backward: bool, mode: F64TruthMode,
-              rng_seed: Optional[int]) -> ModuleTruth:
-    """One float64 forward (and backward, unless `backward` is False) of a deep copy of
-    `module` under `mode`."""
-    model = copy.deepcopy(module).to(torch.float64)
-    for p in model.parameters():
-        p.grad = None
-    f_args, f_kwargs = leaf_inputs(args, kwargs, _f64_leaf)
-    grads = None
-    if grad_output is not None:
-        grads = {k: g.detach().to(torch.float64)
-                 for k, g in named_tensors(grad_output, "output").items()}
-    if rng_seed is not None:
-        torch.manual_seed(rng_seed)
-    with mode:
-        out = model(*f_args, **f_kwargs)
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
+def _environment(r: _Request, modules: ModuleStack, references: References) -> Iterator[None]:
+    """Around one run: torch's RNG state saved and restored (seeded from rng_seed inside),
+    float64 as the default dtype (unless strict), the module stack, the references."""
+    cuda = [r.device.index or 0] if r.device.type == "cuda" else []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=cuda))
+        if r.rng_seed is not None:
+            torch.random.default_generator.manual_seed(r.rng_seed)
+            if cuda:
+                torch.cuda.default_generators[cuda[0]].manual_seed(r.rng_seed)
+        if not r.strict:
+            stack.enter_context(_default_dtype(torch.float64))
+        stack.enter_context(modules)
+        stack.enter_context(references)
+        yield
+
+
+def _forward_backward(r: _Request, state: dict, f_args: tuple, f_kwargs: dict,
+                      grads: Optional[dict], modules: ModuleStack) -> tuple[dict, bool]:
+    """The module's forward (+ backward) on the float64 state; its own failures become a
+    TruthRunError naming the module that was running."""
+    try:
+        out = functional_call(r.module, state, f_args, f_kwargs, tie_weights=True, strict=False)
         out_named = named_tensors(out, "output")
-        if not backward:
-            ran = False
-        elif loss is not None:
-            ran = _loss_backward(loss(out))
-        else:
-            ran = backward_from(out_named, grads, _WHO)
+        if not r.backward:
+            return out_named, False
+        if r.loss is not None:
+            return out_named, _loss_backward(r.loss(out))
+        return out_named, backward_from(out_named, grads, _WHO)
+    except Error:
+        raise
+    except Exception as e:  # noqa: BLE001 - a kernel or the module's code, named below
+        raise TruthRunError(f"{_WHO}: the float64 run failed in module {modules.current()}"
+                            f"{_function_of(e)}: {type(e).__name__}: {e}; {FIX}") from e
+
+
+def _function_of(e: BaseException) -> str:
+    """", in autograd.Function pkg.Cls" when the innermost autograd.Function forward on the
+    exception's way up is one (its ctx knows its class), else ""."""
+    found = ""
+    tb = e.__traceback__
+    while tb is not None:
+        ctx = tb.tb_frame.f_locals.get("ctx") if tb.tb_frame.f_code.co_name == "forward" else None
+        cls = getattr(ctx, "_forward_cls", None)
+        if isinstance(cls, type):
+            found = f", in autograd.Function {cls.__module__}.{cls.__qualname__}"
+        tb = tb.tb_next
+    return found
+
+
+def _run_once(r: _Request, mode: F64TruthMode, references: References) -> ModuleTruth:
+    """One float64 forward (and backward) of `r.module` under `mode`."""
+    state = _f64_state(r.module)
+    f_args, f_kwargs = leaf_inputs(r.args, r.kwargs, _f64_leaf)
+    grads = None
+    if r.grad_output is not None:
+        grads = {k: g.detach().to(torch.float64)
+                 for k, g in named_tensors(r.grad_output, "output").items()}
+    with _environment(r, mode.modules, references), mode:
+        out_named, ran = _forward_backward(r, state, f_args, f_kwargs, grads, mode.modules)
+    params = dict(r.module.named_parameters())
     input_grads = input_gradients(f_args, f_kwargs) if ran else {}
-    params = {k: (p.grad.detach() if p.grad is not None else torch.zeros_like(p.detach()))
-              for k, p in model.named_parameters() if p.requires_grad} if ran else {}
-    return ModuleTruth({k: v.detach() for k, v in out_named.items()}, input_grads, params, None,
-                       mode.reduction_length, mode.gemm_calls, ran)
+    param_grads = {k: (state[k].grad.detach() if state[k].grad is not None
+                       else torch.zeros_like(state[k].detach()))
+                   for k, p in params.items() if p.requires_grad} if ran else {}
+    return ModuleTruth({k: v.detach() for k, v in out_named.items()}, input_grads, param_grads,
+                       None, mode.reduction_length, mode.gemm_calls, ran, mode.lifts.records(),
+                       references.used())
 
 
 def _loss_backward(value: Any) -> bool:
@@ -139,10 +236,11 @@ def _loss_backward(value: Any) -> bool:
 def module_truth(module: torch.nn.Module, *args: Any, grad_output: Any = None,
                  loss: Optional[Callable[[Any], torch.Tensor]] = None, probe: bool = True,
                  probe_seed: int = 1234, rng_seed: Optional[int] = None,
-                 backward: bool = True, **kwargs: Any) -> ModuleTruth:
+                 backward: bool = True, strict: bool = False, **kwargs: Any) -> ModuleTruth:
     """The fp64 truth of `module(*args, **kwargs)` and, with probe=True, its rounding noise.
 
-    module: any nn.Module (left untouched: a deep copy runs, in float64, on its device).
+    module: any nn.Module; it runs itself on float64 copies of its parameters and buffers
+    and is left exactly as it was (module docstring).
     args / kwargs: the module's inputs; floating tensors are cast to float64 and get input
     gradients, anything else (token ids, masks, flags) is passed as is.
     grad_output: the loss gradient of the output (a tensor, or a tuple/dict like the output);
@@ -150,26 +248,30 @@ def module_truth(module: torch.nn.Module, *args: Any, grad_output: Any = None,
     when the output is a scalar (else forward only: no gradients, `backward` False).
     backward=False: forward only, whatever grad_output or loss say.
     probe_seed: the probe stream's seed (the suite uses the run's seed).
-    rng_seed: allows random ops (dropout...), seeding torch's generator with it before each
-    run; without it they are refused by name.
+    rng_seed: allows random ops (dropout...), seeding torch's generator with it for each
+    run (torch's RNG state is restored afterwards); without it they are refused by name.
+    strict: refuse casts below float64 (and FP8) by name instead of lifting them.
 
-    Errors: TruthRunError (naming the aten op) for an op without a float64 kernel, a
-    floating result not in float64 (a cast or autocast in the module, FP8), a random op
-    without rng_seed; InputError for inputs on more than one device or a grad_output that
-    does not fit.
+    Errors: TruthRunError (naming the op, the module that called it and what to do) for an
+    op or kernel without a float64 path, a cast with strict=True, a random op without
+    rng_seed; InputError for inputs on more than one device or a grad_output that does not
+    fit.
     """
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"{_WHO}: module is a {type(module).__name__}; expected a "
                          "torch.nn.Module")
     if loss is not None and grad_output is not None:
         raise InputError(f"{_WHO}: give grad_output or loss, not both")
-    one_device(_WHO, args, kwargs, module)
-    exact = _run_once(module, args, kwargs, grad_output, loss, backward,
-                      F64TruthMode(rng_seed=rng_seed), rng_seed)
+    device = one_device(_WHO, args, kwargs, module)
+    r = _Request(module, args, kwargs, grad_output, loss, backward, rng_seed, strict, device)
+    references = References(module)
+    modules = ModuleStack(module)
+    exact = _run_once(r, F64TruthMode(rng_seed=rng_seed, strict=strict, modules=modules),
+                      references)
     if probe:
-        probed = _run_once(module, args, kwargs, grad_output, loss, backward,
-                           F64TruthMode(probe_u=PROBE_U, probe_seed=probe_seed, rng_seed=rng_seed),
-                           rng_seed)
+        probed = _run_once(r, F64TruthMode(probe_u=PROBE_U, probe_seed=probe_seed,
+                                           rng_seed=rng_seed, strict=strict, modules=modules),
+                           references)
         exact.noise = ModuleTruth(*(_noise(getattr(probed, f), getattr(exact, f))
                                     for f in ("outputs", "input_grads", "grads")),
                                   backward=exact.backward)

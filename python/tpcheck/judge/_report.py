@@ -23,7 +23,8 @@ __all__ = ["TPReport", "KIND_PARAMETER"]
 # the kind of the gathered-parameter checks (bitwise; compare_tp's own, not a suite kind)
 KIND_PARAMETER = "parameter"
 
-_SHARED = ("policy", "tp_size", "error_model", "entries", "seconds", "backward", "notes")
+_SHARED = ("policy", "tp_size", "error_model", "entries", "seconds", "backward", "notes",
+           "truth_lifted", "truth_references")
 
 
 def _host(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Any:
@@ -47,7 +48,9 @@ class TPReport(Result):
     """Per-tensor verdicts of one rank: `entries` (list of dicts), `passed`, `failures`
     (the failing entries, each with its "reason" and "policy"), `assert_ok()`,
     `to_dict()`, `to_json()`, `to_html()`; `backward` (whether a backward ran: without one
-    only outputs and parameters are judged) and `notes` (what the judging left out, why)."""
+    only outputs and parameters are judged), `notes` (what the judging left out, why), and
+    what the truth lifted to float64 (`truth_lifted`) and which float64 references stood in
+    for kernels (`truth_references`)."""
 
     def __init__(self, policy: str, rank: int, tp_size: int, error_model: dict):
         self.policy = policy
@@ -59,6 +62,8 @@ class TPReport(Result):
         self.seconds: dict[str, float] = {}
         self.backward = True
         self.notes: list[str] = []
+        self.truth_lifted: list[dict[str, Any]] = []      # ModuleTruth.lifted
+        self.truth_references: list[dict[str, Any]] = []  # ModuleTruth.references
         self.raw: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name → (single, sharded)
 
     def shared(self) -> dict[str, Any]:
@@ -136,7 +141,8 @@ class TPReport(Result):
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA_COMPARE_TP, "policy": self.policy, "rank": self.rank,
                 "tp_size": self.tp_size, "passed": self.passed, "backward": self.backward,
-                "notes": list(self.notes), "error_model": self.error_model,
+                "notes": list(self.notes), "truth_lifted": self.truth_lifted,
+                "truth_references": self.truth_references, "error_model": self.error_model,
                 "tensors": self.entries, "seconds": self.seconds}
 
     def to_html(self) -> str:
