@@ -221,6 +221,31 @@ def test_random_ops_are_refused_by_name_unless_seeded():
     truth(m.eval(), x, grad_output=torch.ones(3, 4))  # eval: no random op
 
 
+class _Attention(torch.nn.Module):
+    def __init__(self, dropout_p):
+        super().__init__()
+        self.dropout_p = dropout_p
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 4, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p,
+                                                                is_causal=True)
+
+
+def test_attention_with_dropout_p_zero_is_not_a_random_op():
+    """SDPA's kernels are tagged as seeded (they take a dropout_p) but draw nothing at 0."""
+    torch.manual_seed(2)
+    m, x = _Attention(0.0), torch.randn(2, 4, 8)
+    t = truth(m, x, grad_output=torch.ones(2, 2, 4, 4))
+    qkv = torch.nn.functional.linear(x.double(), m.qkv.weight.double(), m.qkv.bias.double())
+    q, k, v = qkv.view(2, 4, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(t.output, want, rtol=1e-14, atol=1e-15)
+    with pytest.raises(TruthRunError, match=r"random op aten\.\w+"):
+        truth(_Attention(0.25), x, probe=False)
+
+
 class Fp8(torch.nn.Module):
     def forward(self, x):
         return x.to(torch.float8_e4m3fn).to(x.dtype) * 2

@@ -102,6 +102,22 @@ FIX = ("it needs a float64 reference: tpcheck.judge.register_reference(target, f
         "without float64\"), or judge with policy='te'")
 
 
+def _draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether an op draws random numbers: tagged nondeterministic_seeded, unless its
+    dropout probability is 0 (attention kernels take one and draw nothing then; a dropout
+    with p = 0 or train=False leaves its input as it is)."""
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        return False
+    schema = func._schema.arguments
+    given = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+             for i, a in enumerate(schema)}
+    if "dropout_p" in given:
+        return given["dropout_p"] != 0
+    if _op_name(func) == "native_dropout":
+        return given.get("p") != 0 and given.get("train") is not False
+    return True
+
+
 class F64TruthMode(TorchDispatchMode):
     """Runs ops as they are, keeping the run float64; records K; optionally probes.
 
@@ -132,7 +148,7 @@ class F64TruthMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = _op_name(func)
-        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) and self.rng_seed is None:
+        if self.rng_seed is None and _draws_random(func, args, kwargs):
             raise TruthRunError(
                 f"tpcheck.torch.truth: the module calls the random op {_qualified(func)} (dropout, "
                 "bernoulli, rand...) " + self._where() + "; its truth would draw different "

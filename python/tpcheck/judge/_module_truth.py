@@ -188,7 +188,8 @@ def _forward_backward(r: _Request, state: dict, f_args: tuple, f_kwargs: dict,
         raise
     except Exception as e:  # noqa: BLE001 - a kernel or the module's code, named below
         raise TruthRunError(f"{_WHO}: the float64 run failed in module {modules.current()}"
-                            f"{_function_of(e)}: {type(e).__name__}: {e}; {FIX}") from e
+                            f"{_function_of(e)}: {type(e).__name__}: {e}; if a kernel refused "
+                            f"float64 operands, {FIX}") from e
 
 
 def _function_of(e: BaseException) -> str:
