@@ -9,10 +9,12 @@ saved with `save_pretrained` into a temporary folder, and loaded in every rank o
 transformers' own ColwiseParallel / RowwiseParallel), `from_pretrained(folder)` for the
 unsharded twin; float32 on CPU tensors, no download.
 
-Each job is judged under every policy of POLICIES (the models are loaded once per job):
-correct code must pass on held-out seeds (101-103; 101-130 with TPCHECK_TEST_LONG=1;
-seeds 1-3 and 7 were looked at while writing this, the held-out ones were not, and no
-tolerance was tuned: `te` is the reference suite's rule, `truth` the suite's defaults), and
+Each job is judged under every policy of POLICIES, the models loaded once per job: `te`,
+`truth`, and `truth-seeded` (the truth policy with a truth made on rank 0 by
+tpcheck.torch.truth(rng_seed=0), while compare_tp's own refuses SDPA: see TRUTH_PENDING).
+Correct code must pass on held-out seeds (101-103; 101-130 with TPCHECK_TEST_LONG=1; seeds
+1-3 and 7 were looked at while writing this, the held-out ones were not, and no tolerance
+was tuned: `te` is the reference suite's rule, `truth` the suite's defaults), and
 each injected bug (hf_tp.py says how each is made) must be caught on every rank, naming
 the tensor it reaches first, with its code having run. One bug never reaches a verdict:
 the attention output projection declared colwise makes DTensor refuse the next matmul
@@ -43,7 +45,7 @@ TP_SIZES = [2, 4, 8] if LONG else [2, 4]
 SEEDS = list(range(101, 131)) if LONG else [101, 102, 103]
 BUG_SEED = 7
 FAMILIES = ["llama", "qwen2"]
-POLICIES = ["te", "truth"]
+POLICIES = ["te", "truth", "truth-seeded"]
 
 # bug -> (kind, name) of a tensor that must be among the failures: where it lands first
 FIRST_HIT = {
@@ -59,22 +61,23 @@ BUGS = list(FIRST_HIT) + list(RAISES)
 # the same style as grad-averaged with the correct reduction: it must pass
 CONTROLS = ["local-colwise"]
 
-# What `truth` needs that tpcheck.torch.truth does not do yet. (1) Issue 42 item 1: these
-# models cast on purpose (RoPE's inv_freq.float(), RMSNorm's .to(torch.float32)), and the
-# float64 run refuses the first cast ("TruthRunError: ... aten._to_copy produced a
-# torch.float32 result"). (2) With casts lifted (the judge's work in progress, tried
-# 2026-12-05), SDPA: the CPU op aten._scaled_dot_product_flash_attention_for_cpu (on CUDA
-# _scaled_dot_product_{flash,efficient,cudnn}_attention) carries the tag
-# nondeterministic_seeded because it takes a dropout_p, and the truth refuses it as a random
-# op although dropout_p is 0.0 here ("TruthRunError: ... the module calls the random op
-# aten._scaled_dot_product_flash_attention_for_cpu ... in module model.layers.0.self_attn";
-# compare_tp has no rng_seed to pass). With both out of the way (the in-progress lifting
-# and a truth computed with rng_seed=0, passed as truth=) correct code passed on seeds 1-3
-# at TP 4 and every bug below was caught.
+# `truth` as users call it (compare_tp(..., policy="truth")) is blocked on these models by
+# SDPA: since the truth lifts casts (commit de3d73e, issue 42 item 1; before it, the first
+# cast, RoPE's inv_freq.float(), was refused), the float64 run reaches
+# aten._scaled_dot_product_flash_attention_for_cpu (on CUDA
+# _scaled_dot_product_{flash,efficient,cudnn}_attention), which carries the tag
+# nondeterministic_seeded because it takes a dropout_p, and refuses it as a random op
+# although dropout_p is 0.0 here ("TruthRunError: ... the module calls the random op
+# aten._scaled_dot_product_flash_attention_for_cpu ... in module model.layers.0.self_attn");
+# compare_tp has no rng_seed to pass. Those tests are strict xfails: they fail the day the
+# truth accepts SDPA with dropout_p=0, and must then be unmarked. Meanwhile
+# "truth-seeded" judges with the same policy and a truth computed on rank 0 by
+# tpcheck.torch.truth(..., rng_seed=0), passed to compare_tp as truth= (hf_tp.py).
 TRUTH_PENDING = pytest.mark.xfail(
     strict=True,
-    reason="needs the truth through precision casts (issue 42 item 1: Llama's inv_freq.float(), "
-           "RMSNorm's .to(float32)) and SDPA with dropout_p=0 not refused as a random op")
+    reason="the truth refuses SDPA (aten._scaled_dot_product_flash_attention_for_cpu, tagged "
+           "nondeterministic_seeded) as a random op although dropout_p=0, and compare_tp "
+           "has no rng_seed")
 
 
 def _policy_params():
