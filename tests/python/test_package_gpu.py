@@ -67,9 +67,10 @@ def test_cuda_tensors_statistics_on_the_gpu(dtype):
     for policy in ("te", "allclose", "bitwise", "truth"):
         if policy == "te" and dtype in ("float64", "float8_e4m3fn", "float8_e5m2"):
             continue  # no reference tolerance: same failing verdict on both sides
-        gpu = tpcheck.compare(single, sharded, truth, policy=policy, reduction_length=64)
+        gpu = tpcheck.compare(single, sharded, truth, policy=policy, reduction_length=64,
+                              tp_size=1)
         cpu = tpcheck.compare(single.cpu(), sharded.cpu(), truth.cpu(), policy=policy,
-                              reduction_length=64)
+                              reduction_length=64, tp_size=1)
         _agree(gpu, cpu)
 
 
@@ -92,11 +93,11 @@ def test_truth_from_cuda_state_dict():
     sd = {k: torch.randn(s, device="cuda") for k, s in specs.items()}
     x = torch.randn(8, 32, device="cuda")
     dy = torch.randn(8, 32, device="cuda")
-    on_gpu = tpcheck.truth("LayerNormMLP", opts, sd, x, grad_output=dy)
-    on_cpu = tpcheck.truth("LayerNormMLP", opts, {k: v.cpu() for k, v in sd.items()}, x.cpu(),
-                           grad_output=dy.cpu())
+    on_gpu = tpcheck.layer_truth("LayerNormMLP", opts, sd, x, grad_output=dy)
+    on_cpu = tpcheck.layer_truth("LayerNormMLP", opts, {k: v.cpu() for k, v in sd.items()},
+                                 x.cpu(), grad_output=dy.cpu())
     np.testing.assert_array_equal(on_gpu.output, on_cpu.output)
-    f64_gpu = tpcheck.truth("LayerNormMLP", opts, sd, x, grad_output=dy, device="cuda")
+    f64_gpu = tpcheck.layer_truth("LayerNormMLP", opts, sd, x, grad_output=dy, device="cuda")
     assert np.linalg.norm(f64_gpu.output - on_cpu.output) <= 1e-12 * np.linalg.norm(on_cpu.output)
 
 
