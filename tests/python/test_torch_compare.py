@@ -264,6 +264,12 @@ def test_options_object_and_keywords(one_rank_group):
     assert opts.policy == "te"  # the caller's object is left as it was
     with pytest.raises(tpcheck.InputError, match=r"unknown keywords \['grad_outputs'\].*'grad_output'"):
         compare_tp(single, copy.deepcopy(single), (x,), grad_outputs=dy)
+    # the te / allclose tolerances: a 1e-3 change fails rtol 1e-4 and passes rtol 1e-2
+    scaled = copy.deepcopy(single)
+    scaled.fc2.register_forward_hook(lambda mod, inp, out: out * 1.001)
+    tight = compare_tp(single, scaled, (x,), grad_output=dy, policy="allclose", rtol=1e-4, atol=0)
+    loose = compare_tp(single, scaled, (x,), grad_output=dy, policy="allclose", rtol=1e-2, atol=0)
+    assert "output" in {f["name"] for f in tight.failures} and loose.passed
 
 
 # --- forward only, casts, modules that cannot be copied (one rank) ----------------------

@@ -29,7 +29,9 @@ class CompareOptions:
 
     grad_output, backward: the loss gradient of the output; whether backward runs (None:
     when grad_output is given or the output is a scalar). shards, input_dims, output_dims:
-    how parameters, inputs and outputs are split. policy, group. The truth policy's error
+    how parameters, inputs and outputs are split. policy, and the te / allclose
+    tolerances rtol, atol (None: the reference suite's table by dtype). group. The truth
+    policy's error
     model: unit_roundoff, math, reduction_length, tp_size, multiplier, floor_factor. The
     truth: probe, strict_truth (refuse casts below float64 instead of lifting them),
     truth (a precomputed module truth). check_parameters, trace_gemms."""
@@ -40,6 +42,8 @@ class CompareOptions:
     input_dims: Mapping[str, Optional[int]] = field(default_factory=dict)
     output_dims: Mapping[str, Optional[int]] = field(default_factory=dict)
     policy: str = "truth"
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
     group: Any = None
     unit_roundoff: Optional[float] = None
     math: Optional[str] = None

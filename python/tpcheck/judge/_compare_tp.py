@@ -239,8 +239,10 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     nor carry Megatron's attributes; names not among the sharded module's parameters are an
     error listing them. Megatron parameters with `sequence_parallel=True` have their
     gradient all-reduced first (as Megatron does before the optimizer step).
-    policy: "truth" (default), "te", "allclose", "bitwise"; group: the TP process group
-    (default: WORLD; without torch.distributed initialized, one process judges alone).
+    policy: "truth" (default), "te", "allclose", "bitwise"; rtol / atol: the te and
+    allclose tolerances (default: the reference suite's table by single's dtype); group:
+    the TP process group (default: WORLD; without torch.distributed initialized, one process
+    judges alone).
 
     Where the work happens: every rank runs its sharded module and gathers; the group's
     rank 0 alone runs `single`, the truth and the judging (its `single`, `truth` and

@@ -90,7 +90,8 @@ def _error_model(c: Call, truth: Optional[ModuleTruth], traces: list[dict]) -> t
     k = o.reduction_length if o.reduction_length is not None else \
         max(1, truth.reduction_length if truth is not None else 1)
     judged = {"unit_roundoff": o.unit_roundoff, "math": math, "reduction_length": k,
-              "tp_size": c.tp_size, "multiplier": o.multiplier, "floor_factor": o.floor_factor}
+              "tp_size": c.tp_size, "multiplier": o.multiplier, "floor_factor": o.floor_factor,
+              "rtol": o.rtol, "atol": o.atol}
     reported = {"multiplier": o.multiplier, "floor_factor": o.floor_factor,
                 "reduction_length": k, "tp_size": c.tp_size, "math": math,
                 "math_source": source, "gemm_classes": classes if calls else None,

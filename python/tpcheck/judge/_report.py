@@ -101,11 +101,15 @@ class TPReport(Result):
               truth: Optional[torch.Tensor], noise: Optional[torch.Tensor],
               model: dict[str, Any], extra: Optional[dict] = None) -> None:
         """One tensor judged under the report's policy. model: the truth policy's error
-        model (unit_roundoff or math, reduction_length, tp_size, multiplier, floor_factor)."""
+        model (unit_roundoff or math, reduction_length, tp_size, multiplier, floor_factor)
+        and the te / allclose tolerances (rtol, atol: None for the reference's table)."""
         self.raw[name] = (single.detach(), sharded.detach())
         kwargs: dict[str, Any] = {"policy": self.policy, "name": name}
+        if self.policy in ("te", "allclose"):
+            kwargs.update(rtol=model["rtol"], atol=model["atol"])
         if self.policy == "truth":
-            kwargs.update({k: v for k, v in model.items() if k not in ("unit_roundoff", "math")})
+            kwargs.update({k: v for k, v in model.items()
+                           if k not in ("unit_roundoff", "math", "rtol", "atol")})
             if model["unit_roundoff"] is not None:
                 kwargs["unit_roundoff"] = model["unit_roundoff"]
             else:
