@@ -286,3 +286,14 @@ def test_op_without_float64_kernel_is_named():
 def test_inputs_on_two_devices_are_refused():
     with pytest.raises(tpcheck.InputError, match=r"module and its inputs are on different devices"):
         truth(torch.nn.Linear(2, 2), torch.randn(2, 2, device="meta"))
+
+
+def test_importing_the_judge_registers_no_backend_and_tpcheck_imports_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys, tpcheck, tpcheck.judge; t = 'torch' in sys.modules; "
+            "import tpcheck.torch, torch.distributed as dist; "
+            "from tpcheck.judge import compare_tp, module_truth; "
+            "print(t, 'tpcheck' in dist.Backend.backend_list, 'tpcheck.emulate' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"], out.stdout + out.stderr
