@@ -1,4 +1,4 @@
-"""tests/python/test_package.py — the Python package `tpcheck` (issue 15), on the CPU.
+"""tests/python/test_package.py — the Python package `tpcheck`, on the CPU.
 
 References are independent of tpcheck: numpy formulas for every statistic (the reference
 suite's rule written out: |a - b| in the tensors' dtype, first argmax, rel = d /
@@ -501,7 +501,7 @@ def test_run_keywords_are_the_cli_run_options():
             assert flags[name] is None, (name, p.default, flags[name])
         else:
             assert flags[name] == str(p.default), (name, p.default, flags[name])
-    # What used to differ: Python's suite was te, and it had no html.
+    # the program's defaults: the full suite, no html
     assert params["suite"].default == "full" and params["html"].default is None
     assert params["steps"].default == 1 and params["quiet"].default is False
     with pytest.raises(TypeError, match="no_such_option"):

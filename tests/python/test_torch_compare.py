@@ -291,7 +291,7 @@ def test_forward_only_judges_outputs_and_parameters(one_rank_group):
     assert [f["name"] for f in bad.failures] == ["output"]
     with pytest.raises(tpcheck.InputError, match=r"backward=True, but no grad_output .*pass grad_output="):
         compare_tp(single, copy.deepcopy(single), (x,), backward=True)
-    # a scalar output runs backward without grad_output, as before
+    # a scalar output runs backward without grad_output
     summed = compare_tp(torch.nn.Sequential(single, _Sum()), torch.nn.Sequential(copy.deepcopy(single), _Sum()), (x,))
     assert summed.backward and any(e["kind"] == REPORT_KIND_PARAMETER_GRADIENT for e in summed.entries)
 

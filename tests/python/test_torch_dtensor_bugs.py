@@ -1,4 +1,4 @@
-"""Bugs injected into PyTorch DTensor's own code, caught by compare_tp (issue 33 item 4).
+"""Bugs injected into PyTorch DTensor's own code, caught by compare_tp.
 
 One `python -m tpcheck emulate -n N` launch per TP size (emulate_workers/dtensor_bugs.py)
 runs, on CPU tensors, DTensor `parallelize_module` plans (ColwiseParallel / RowwiseParallel,

@@ -8,7 +8,7 @@
 
 The module itself runs, on float64 copies of its parameters and buffers swapped in for
 the call (torch.func.functional_call): nothing of it is copied or changed — parameters,
-their .grad and requires_grad, buffers, hooks, and torch's RNG state are as before — so
+their .grad and requires_grad, buffers, hooks, and torch's RNG state are as they were — so
 modules that hold process groups, streams or RNG trackers (which cannot be deep-copied)
 have a truth too. The inputs are cast to float64, and forward and backward run once as
 the module's code says, under a dispatch mode (_dispatch) that keeps every value float64:
