@@ -2,7 +2,7 @@
 and the per-tensor verdicts of assert_close, `te` and `truth` on the HF test models.
 
     python bench/models_bench.py [--tp 4] [--repeat 3] [--device cpu]     # the timing
-    python bench/models_bench.py --figures [--tp 2 4]                     # docs/JUDGE.md's table
+    python bench/models_bench.py --figures [--tp 2 4] [--dtype bfloat16]  # docs/JUDGE.md's table
 
 Timing: a tiny Llama (2 layers, hidden 256, intermediate 512, 8 heads, vocabulary 256;
 batch 2 x 64 tokens, float32) saved with `save_pretrained` and loaded in every rank of one
@@ -223,9 +223,9 @@ def figures(args) -> int:
         dirs = {(f, s): save_tiny(f, s, os.path.join(tmp, f"{f}-{s}"))
                 for f in ("llama", "qwen2") for s in seeds + [7]}
         jobs = [dict(family=f, path=dirs[(f, s)], seed=s, bug="none", policies=args.policies,
-                     figures=True) for f in ("llama", "qwen2") for s in seeds]
+                     figures=True, dtype=args.dtype) for f in ("llama", "qwen2") for s in seeds]
         jobs += [dict(family=f, path=dirs[(f, 7)], seed=7, bug=b, policies=args.policies,
-                      figures=True) for f in ("llama", "qwen2") for b in bugs]
+                      figures=True, dtype=args.dtype) for f in ("llama", "qwen2") for b in bugs]
         for n in args.tp:
             d = os.path.join(tmp, f"tp{n}")
             os.makedirs(d)
@@ -259,7 +259,7 @@ def figures(args) -> int:
                     c[0] += int(not t[pol])
                     c[1] += 1
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, {_machine()}, commit "
-          f"{_commit()}; TP {', '.join(map(str, args.tp))}; llama and qwen2; correct code seeds "
+          f"{_commit()}; {args.dtype}; TP {', '.join(map(str, args.tp))}; llama and qwen2; correct code seeds "
           f"{seeds[0]}-{seeds[-1]}, bugs seed 7. Tensors failing / judged:\n")
     print("| scenario | tensor class | `assert_close` defaults | `te` | `truth` |")
     print("|---|---|---|---|---|")
@@ -291,7 +291,9 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--figures", action="store_true")
     ap.add_argument("--policies", nargs="+", default=["truth", "te"],
-                    help="--figures: compare_tp's policies (the first one's tensors are counted)")
+                    help="--figures: compare_tp's policies (hf_workers/hf_tp.py's names)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="--figures: the models' dtype (from_pretrained(dtype=...))""")
     args = ap.parse_args()
     if args.rank_side:
         rank_main(*args.rank_side, args.repeat, args.device)
