@@ -266,3 +266,42 @@ def test_refuses_more_ranks_than_memory_allows(tmp_path):
     rc, err = run(["-n", "3"], dict(gpu_env, CUDA_VISIBLE_DEVICES="GPU-aaaa,GPU-bbbb",
                                     TPCHECK_EMULATE_RANK_GPU_MEMORY="1G"))
     assert rc == 2 and "so GPU 1 (GPU-bbbb) would hold 1 rank: 1.00 GiB" in err, err
+
+
+PLAIN_TORCHRUN = """
+import os
+import torch, torch.distributed as dist
+import tpcheck.torch  # the judging side: registers no backend
+said = []
+try:
+    dist.init_process_group("tpcheck")
+except Exception as e:  # noqa: BLE001
+    said.append("not registered")
+import tpcheck.emulate
+tpcheck.emulate.register_backend()
+dist.init_process_group("tpcheck")
+t = torch.full((5,), float(dist.get_rank() + 1), dtype=torch.bfloat16)
+dist.all_reduce(t)
+said.append(f"{dist.get_backend()} {t.tolist()}")
+with open(f"rank{os.environ['RANK']}", "w") as f:
+    f.write("; ".join(said))
+dist.destroy_process_group()
+"""
+
+
+def test_plain_torchrun_registers_the_backend_explicitly(tmp_path):
+    """docs/EMULATE.md's use without the launcher: importing tpcheck.torch registers nothing;
+    tpcheck.emulate.register_backend() does, and each rank removes its files at exit."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_TORCHRUN)
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("tpcheck-nojob-")} \
+        if os.path.isdir("/dev/shm") else set()
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                       timeout=240, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(2):
+        said = (tmp_path / f"rank{r}").read_text()
+        assert said == "not registered; tpcheck [3.0, 3.0, 3.0, 3.0, 3.0]", said
+    if os.path.isdir("/dev/shm"):
+        assert {f for f in os.listdir("/dev/shm") if f.startswith("tpcheck-nojob-")} <= before

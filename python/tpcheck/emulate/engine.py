@@ -13,8 +13,8 @@
         4. this rank is done with the peers' data of the call.
 
 At exit the engine closes its exchanges (CUDA: unmap the peers' memory, meet every rank at
-an exit barrier through the store, free its own) and, outside the launcher, removes its
-files.
+an exit barrier through the store, free its own; CPU outside the launcher: meet at the
+barrier, remove its files).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class CollectiveEngine:
         self._exchanges: dict[str, Exchange] = {}
         self._trace = CommTrace.open_for(global_ranks[rank])
         self._seq = 0
-        atexit.register(self.close)
+        atexit.register(self.records.close)
 
     def who(self, r: int) -> str:
         return self.watch.who(r)
@@ -80,6 +80,9 @@ class CollectiveEngine:
             else:
                 raise EmulateError(f"tensors on {dev} are not supported (cpu or cuda)")
             self._exchanges[kind] = ex
+            # Closed at exit before whatever registered its exit handler earlier (as torch's
+            # CUDA state may have, when this is a CUDA exchange).
+            atexit.register(self._close, ex)
         return ex
 
     def step(self, kind: str, sig: dict, contrib: list, intent: Intent = Intent(),
@@ -123,17 +126,13 @@ class CollectiveEngine:
     def _exit_barrier(self) -> None:
         self.store.set(f"tpcheck/exit/{self.rank}", "1")
         keys = [f"tpcheck/exit/{r}" for r in range(self.size)]
-        self.watch.wait_keys(keys, "exit (releasing the CUDA memory)", EXIT_TIMEOUT)
+        self.watch.wait_keys(keys, "exit (the peers may still read this rank's buffers)",
+                             EXIT_TIMEOUT)
 
-    def close(self) -> None:
-        """At exit (atexit). A peer that died or a store that is gone must not keep this
-        process from exiting: every failure here is ignored."""
-        for ex in self._exchanges.values():
-            try:
-                ex.close(self._exit_barrier)
-            except Exception:  # noqa: BLE001 - exiting anyway
-                pass
+    def _close(self, ex: Exchange) -> None:
+        """At exit. A peer that died or a store that is gone must not keep this process from
+        exiting: every failure here is ignored."""
         try:
-            self.records.close()
-        except OSError:
+            ex.close(self._exit_barrier)
+        except Exception:  # noqa: BLE001 - exiting anyway
             pass

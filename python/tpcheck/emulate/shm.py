@@ -97,10 +97,12 @@ class ShmExchange(Exchange):
         cpu_fold(out, inputs, kind, op, self.order, self.rank, root)
 
     def close(self, exit_barrier) -> None:
-        """Under the launcher its files go with the job's; otherwise this rank removes them
-        (a peer that still reads keeps its mapping)."""
+        """Under the launcher its files go with the job's. Otherwise this rank removes them
+        once every rank of the group has reached exit_barrier(): a peer may still have to
+        map one to read this rank's last contribution."""
         if protocol.in_launch():
             return
+        exit_barrier()
         for p in self._paths:
             try:
                 os.unlink(p)
