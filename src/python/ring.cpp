@@ -434,9 +434,10 @@ void tpcheck_register_ring(nb::module_& m) {
   m.def("ring_fold_cuda", &ring_fold_cuda, "inputs"_a, "out"_a, "n_out"_a, "dtype"_a, "first"_a,
         "offset"_a, "count"_a, "stream"_a, "device"_a,
         "chunk_bytes"_a = tpcheck::ring::kDefaultChunkBytes,
-        "extra_outs"_a = std::vector<std::uintptr_t>{}, "order"_a = "nccl-ring",
+        "extra_outs"_a = std::vector<std::uintptr_t>{},
+        "order"_a = std::string(tpcheck::comm_order_name(tpcheck::CommOrder::kNcclRing)),
         "out[j] = the sum of inputs[*][offset + j] on a GPU (the device group's kernel).");
   m.def("thread_group_reduce", &thread_group_reduce, "kind"_a, "inputs"_a, "op"_a = "sum",
-        "order"_a = "rank",
+        "order"_a = std::string(tpcheck::comm_order_name(tpcheck::CommOrder::kRank)),
         "Every rank's result of the C++ thread group's all_reduce or reduce_scatter, f64.");
 }
