@@ -306,8 +306,7 @@ Segments ring_segments(std::int64_t count, int world, const std::string& dtype,
 
 std::vector<nb::object> thread_group_reduce(const std::string& kind,
                                             const std::vector<nb::ndarray<>>& inputs,
-                                            const std::string& op_name,
-                                            const std::string& order) {
+                                            const std::string& op_name, const std::string& order) {
   ThreadGroupOptions options;
   options.order = order_of("thread_group_reduce", order);
   const Op op = parse_op(op_name);
@@ -351,9 +350,8 @@ std::vector<nb::object> thread_group_reduce(const std::string& kind,
 
 void ring_fold_cuda(const std::vector<std::uintptr_t>& inputs, std::uintptr_t out,
                     std::int64_t n_out, const std::string& dtype, int first, std::int64_t offset,
-                    std::int64_t count, std::uintptr_t stream, int device,
-                    std::size_t chunk_bytes, const std::vector<std::uintptr_t>& extra_outs,
-                    const std::string& order) {
+                    std::int64_t count, std::uintptr_t stream, int device, std::size_t chunk_bytes,
+                    const std::vector<std::uintptr_t>& extra_outs, const std::string& order) {
   const bool ring = order_of("ring_fold_cuda", order) == CommOrder::kNcclRing;
 #ifdef TPCHECK_HAVE_CUDA
   const int n = static_cast<int>(inputs.size());
