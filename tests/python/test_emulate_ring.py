@@ -212,6 +212,8 @@ def test_split_all_reduce_shares_cover_the_buffer():
 
 
 def test_ring_fold_cuda_checks_its_arguments():
+    with pytest.raises(ValueError, match="ring_fold_cuda: order 'tree' is not nccl-ring or rank"):
+        _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f32", 0, 0, 4, 0, 0, order="tree")
     if not _tpcheck.built_with_cuda():
         with pytest.raises(RuntimeError, match="without CUDA"):
             _tpcheck.ring_fold_cuda([0, 0], 0, 4, "f32", 0, 0, 4, 0, 0)
