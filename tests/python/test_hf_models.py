@@ -9,13 +9,12 @@ saved with `save_pretrained` into a temporary folder, and loaded in every rank o
 transformers' own ColwiseParallel / RowwiseParallel), `from_pretrained(folder)` for the
 unsharded twin; float32 on CPU tensors, no download.
 
-Each job is judged under every policy of POLICIES, the models loaded once per job: `te`,
-`truth`, and `truth-seeded` (the truth policy with a truth made on rank 0 by
-tpcheck.torch.truth(rng_seed=0), while compare_tp's own refuses SDPA: see TRUTH_PENDING).
+Each job is judged under `te` and `truth` (the models loaded once per job; the truth runs
+through the models' own casts, lifted to float64, and their SDPA with dropout_p=0).
 Correct code must pass on held-out seeds (101-103; 101-130 with TPCHECK_TEST_LONG=1; seeds
 1-3 and 7 were looked at while writing this, the held-out ones were not, and no tolerance
-was tuned: `te` is the reference suite's rule, `truth` the suite's defaults), and
-each injected bug (hf_tp.py says how each is made) must be caught on every rank, naming
+was tuned: `te` is the reference suite's rule, `truth` the suite's defaults), and each
+injected bug (hf_tp.py says how each is made) must be caught on every rank, naming
 the tensor it reaches first, with its code having run. One bug never reaches a verdict:
 the attention output projection declared colwise makes DTensor refuse the next matmul
 (its sharding propagation fails on every rank), which compare_tp raises on every rank.
@@ -45,7 +44,7 @@ TP_SIZES = [2, 4, 8] if LONG else [2, 4]
 SEEDS = list(range(101, 131)) if LONG else [101, 102, 103]
 BUG_SEED = 7
 FAMILIES = ["llama", "qwen2"]
-POLICIES = ["te", "truth", "truth-seeded"]
+POLICIES = ["te", "truth"]
 
 # bug -> (kind, name) of a tensor that must be among the failures: where it lands first
 FIRST_HIT = {
@@ -60,29 +59,6 @@ RAISES = {
 BUGS = list(FIRST_HIT) + list(RAISES)
 # the same style as grad-averaged with the correct reduction: it must pass
 CONTROLS = ["local-colwise"]
-
-# `truth` as users call it (compare_tp(..., policy="truth")) is blocked on these models by
-# SDPA: since the truth lifts casts (commit de3d73e, issue 42 item 1; before it, the first
-# cast, RoPE's inv_freq.float(), was refused), the float64 run reaches
-# aten._scaled_dot_product_flash_attention_for_cpu (on CUDA
-# _scaled_dot_product_{flash,efficient,cudnn}_attention), which carries the tag
-# nondeterministic_seeded because it takes a dropout_p, and refuses it as a random op
-# although dropout_p is 0.0 here ("TruthRunError: ... the module calls the random op
-# aten._scaled_dot_product_flash_attention_for_cpu ... in module model.layers.0.self_attn");
-# compare_tp has no rng_seed to pass. Those tests are strict xfails: they fail the day the
-# truth accepts SDPA with dropout_p=0, and must then be unmarked. Meanwhile
-# "truth-seeded" judges with the same policy and a truth computed on rank 0 by
-# tpcheck.torch.truth(..., rng_seed=0), passed to compare_tp as truth= (hf_tp.py).
-TRUTH_PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="the truth refuses SDPA (aten._scaled_dot_product_flash_attention_for_cpu, tagged "
-           "nondeterministic_seeded) as a random op although dropout_p=0, and compare_tp "
-           "has no rng_seed")
-
-
-def _policy_params():
-    return [pytest.param(p, marks=TRUTH_PENDING) if p == "truth" else p for p in POLICIES]
-
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
@@ -118,7 +94,7 @@ def tp_results(request, model_dirs, tmp_path_factory):
     return n, by_job
 
 
-@pytest.mark.parametrize("policy", _policy_params())
+@pytest.mark.parametrize("policy", POLICIES)
 def test_correct_code_passes(tp_results, policy):
     n, by_job = tp_results
     runs = {k: v for k, v in by_job.items() if k[3] == policy and k[1] in ["none"] + CONTROLS}
@@ -130,7 +106,7 @@ def test_correct_code_passes(tp_results, policy):
             assert r["passed"], f"TP {n} {key} rank {rank}: false alarm {r['failing']} {r['reasons']}"
 
 
-@pytest.mark.parametrize("policy", _policy_params())
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("bug", list(FIRST_HIT))
 def test_bug_is_caught(tp_results, bug, family, policy):
