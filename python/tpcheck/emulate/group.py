@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 
+import torch
 import torch.distributed as dist
 
 from . import collectives as C
@@ -16,7 +17,10 @@ from .checks import reduce_op
 from .engine import CollectiveEngine
 from .p2p import PointToPoint
 from .protocol import EmulateError, mark_initialized
-from .work import completed
+from .work import LazyWork, completed
+
+# The device types the backend is registered for (register_backend()): it serves both itself.
+DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _root(opts) -> int:
@@ -35,6 +39,7 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         self._engine = CollectiveEngine(store, rank, size, timeout, self._global)
         self._p2p = PointToPoint(self._engine)
         self._gid = group_id or self._engine.tag
+        self._coalesced: list | None = None  # receives since _start_coalescing, else None
 
     # ---- identity ------------------------------------------------------------------------
     def size(self):
@@ -61,6 +66,52 @@ class TpcheckProcessGroup(dist.ProcessGroup):
 
     def __repr__(self):
         return f"TpcheckProcessGroup(rank {self._rank} of {self._size}, ranks {self._global})"
+
+    # ---- backend per device type -----------------------------------------------------------
+    # c10d keeps a Python process group as the group itself and registers no backend in it,
+    # yet asks the group for its backend per device type: init_process_group(device_id=...)
+    # and new_group() ask whether it can split, _coalescing_manager(device=...) starts and
+    # ends coalescing on it. This group is its own backend for both device types it is
+    # registered for; it cannot split (every group is made from the store) and coalesces
+    # by running each collective as it is called.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+    supports_shrinking = False
+
+    def supports_tensor_alloc(self, device=None):
+        return False
+
+    @property
+    def _device_types(self):
+        return [torch.device(t) for t in DEVICE_TYPES]
+
+    def _get_backend(self, device):
+        kind = device if isinstance(device, str) else getattr(device, "type", None)
+        kind = str(kind).split(":", 1)[0]
+        if kind not in DEVICE_TYPES:
+            # RuntimeError, as c10d's own answer: its callers catch that one.
+            raise EmulateError(f"the tpcheck backend has no backend for device type {kind!r} "
+                               f"(from {device!r}); it serves {', '.join(DEVICE_TYPES)}")
+        return self
+
+    def eager_connect_single_device(self, device=None):
+        """Nothing to connect: the group's exchanges open at its first collective."""
+
+    def _start_coalescing(self, device):
+        self._get_backend(device)  # the device type's check
+        if self._coalesced is not None:
+            raise EmulateError("_coalescing_manager inside another one on the same group: "
+                               "coalescing managers do not nest; end the first one first")
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        """The Work of everything run since _start_coalescing: collectives have completed
+        already; receives run in its wait()."""
+        pending, self._coalesced = self._coalesced or [], None
+        if not pending:
+            return completed([])
+        return LazyWork(lambda: [w.wait() for w in pending], [])
 
     # ---- reductions ----------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -136,7 +187,10 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         return completed(tensors)
 
     def recv(self, tensors, src, tag=0):
-        return self._p2p.recv(tensors, src, tag)
+        work = self._p2p.recv(tensors, src, tag)
+        if self._coalesced is not None:  # the coalesced Work receives it too (_end_coalescing)
+            self._coalesced.append(work)
+        return work
 
     def recv_anysource(self, tensors, tag=0):
         raise EmulateError("recv from any source is not supported by the tpcheck backend")

@@ -210,6 +210,26 @@ with dist._coalescing_manager():
     dist.all_gather_into_tensor(o1, D(xs[R]))
     dist.all_gather_into_tensor(o2, D(ys[R]))
 expect_equal("coalesced all_gather_into_tensor", torch.cat([o1.cpu(), o2.cpu()]), torch.cat([torch.cat(xs), torch.cat(ys)]))
+# with the tensors' device named (TransformerEngine's FP8 block-scaling gather): c10d starts
+# and ends coalescing on the group's backend for that device
+o1, o2, rs = torch.empty(N * 20, device=DEV), torch.empty(N * 7, device=DEV), torch.empty(5, device=DEV)
+zs = [data(r, 5 * N, torch.float32, salt=12) for r in range(N)]
+with dist._coalescing_manager(device=torch.device(DEV), async_ops=True) as cm:
+    dist.all_gather_into_tensor(o1, D(xs[R]))
+    dist.all_gather_into_tensor(o2, D(ys[R]))
+cm.wait()
+expect_equal("coalesced all_gather_into_tensor, device named", torch.cat([o1.cpu(), o2.cpu()]), torch.cat([torch.cat(xs), torch.cat(ys)]))
+with dist._coalescing_manager(device=torch.device(DEV)):
+    dist.reduce_scatter_tensor(rs, D(zs[R]))
+if ORDER == "rank":
+    want = torch.from_numpy(ref.rank_order([np32(x) for x in zs], "f32"))[R * 5:(R + 1) * 5]
+else:
+    want = torch.from_numpy(ref.reduce_scatter([np32(x) for x in zs], "f32")[R])
+expect_equal("coalesced reduce_scatter_tensor, device named", rs, want)
+a = D(xs[R].clone())
+with dist._coalescing_manager(device=torch.device(DEV)):
+    dist.all_reduce(a)
+expect_equal("coalesced all_reduce, device named", a, ring_all_reduce(xs, torch.float32, "sum"))
 
 # functional collectives (DTensor's)
 xs = [data(r, 8 * N, torch.bfloat16, salt=11) for r in range(N)]
