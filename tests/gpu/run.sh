@@ -446,6 +446,105 @@ if has models; then
   fi
 fi
 
+# Stage te (not in the default set; issue 43 item 1): TransformerEngine's own distributed
+# numerics test, tests/pytorch/distributed/run_numerics.py exactly as TE ships it, under
+# `tpcheck emulate` with every rank on this one GPU. Needs the wheel in .devrun/ (as the
+# emulate stage) and the TE bundle (../shared/te: install.sh, te_bundle.tar.xz, SHA256SUMS,
+# wheels/) copied into a git-ignored folder that the device call carries, .te/ by default
+# (TPCHECK_TE_BUNDLE). The bundle is installed into /tmp/te (TE_DEST, install.sh's own knob)
+# once per machine (again with TPCHECK_TE_REINSTALL=1). A row per run: TE's own "Passed test" lines, the exit status,
+# the seconds. Knobs, to split the stage over device calls of at most 10 minutes:
+#   TPCHECK_TE_QUANT   quantizations (default: every one TE runs on Hopper:
+#                      none fp8 fp8_cs fp8_block_scaling; "none" runs without --quantization)
+#   TPCHECK_TE_PARTS   numerics (TP 2 and 4 under MPS, the default launch; TP 4 --no-mps),
+#                      trace (fp32: TP 1 and TP 4 with --trace, tpcheck diff); default both
+# MXFP8 and NVFP4 need Blackwell: their rows are TE's own availability answers.
+stage_te() (
+  local bundle="${TPCHECK_TE_BUNDLE:-$root/.te}" te_home="${TE_DEST:-/tmp/te}" quant parts te_dir
+  quant="${TPCHECK_TE_QUANT:-none fp8 fp8_cs fp8_block_scaling}"
+  parts="${TPCHECK_TE_PARTS:-numerics trace}"
+  if ! python_package; then
+    row "te" "$no_wheel" ""
+    return
+  fi
+  if [ ! -f "$te_home/env.sh" ] || [ "${TPCHECK_TE_REINSTALL:-0}" = 1 ]; then
+    if [ ! -f "$bundle/install.sh" ]; then
+      row "te" "no TE bundle in $bundle: copy ../shared/te (install.sh, te_bundle.tar.xz, SHA256SUMS, wheels/) there and carry it" ""
+      return
+    fi
+    timed "te: install the bundle (TE 2.20.2, sm_90)" te_install.log env TE_SKIP_SMOKE=1 bash "$bundle/install.sh"
+  fi
+  # shellcheck disable=SC1091
+  source "$te_home/env.sh"
+  # As the emulate stage: bytecode cached across the ranks' processes.
+  unset PYTHONDONTWRITEBYTECODE
+  export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/tpcheck-pycache"
+  te_dir="$(dirname "$(find "$te_home/tests" -name run_numerics.py | head -1)")"
+  if [ ! -f "$te_dir/run_numerics.py" ]; then
+    row "te" "run_numerics.py not found under $te_home/tests (see te_install.log)" ""
+    return
+  fi
+  python3 - >"$out/te_availability.log" 2>&1 <<'EOF'
+import transformer_engine as t, transformer_engine.pytorch as te
+print("transformer_engine", t.__version__)
+for name, check in [("fp8", te.is_fp8_available), ("fp8_block_scaling", te.is_fp8_block_scaling_available),
+                    ("mxfp8", te.is_mxfp8_available), ("nvfp4", te.is_nvfp4_available)]:
+    ok, why = check(return_reason=True)
+    print(f"{name}: available={ok} {why}".rstrip())
+EOF
+  while IFS= read -r line; do
+    case "$line" in
+      mxfp8:*|nvfp4:*) row "te: ${line%%:*} (TE's own availability check)" "${line#*: }" "" ;;
+    esac
+  done <"$out/te_availability.log"
+  grep -q "^transformer_engine" "$out/te_availability.log" ||
+    row "te: import transformer_engine.pytorch" "failed: $(tail -n 1 "$out/te_availability.log" | tr '|' '/')" ""
+
+  # te_run NAME LOG -n N [launcher options] -- [run_numerics.py options]: one launch from TE's
+  # test folder (run_numerics.py imports run_layer_with_overlap.py beside it), at most 300 s.
+  te_run() {
+    local name="$1" log="$2" start end rc
+    shift 2
+    start=$(date +%s.%N)
+    (cd "$te_dir" && timeout 300 python3 -m tpcheck emulate "$@") >"$out/$log" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    row "$name" "rc=$rc, $(grep -c "Passed test" "$out/$log") Passed test; $(head -n 1 "$out/$log" | sed 's/^tpcheck emulate: //' | tr '|' '/')" \
+      "$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}')"
+    grep -E "NUMERICAL CHECK FAILED|Error|error:" "$out/$log" | head -5 >>"$out/failures.txt"
+  }
+  local q qarg
+  if [[ " $parts " == *" numerics "* ]]; then
+    for q in $quant; do
+      qarg=(); [ "$q" != none ] && qarg=(--quantization "$q")
+      te_run "te: run_numerics $q, TP 2" "te_numerics_${q}_tp2.log" -n 2 -- run_numerics.py "${qarg[@]}"
+      te_run "te: run_numerics $q, TP 4" "te_numerics_${q}_tp4.log" -n 4 -- run_numerics.py "${qarg[@]}"
+      te_run "te: run_numerics $q, TP 4, --no-mps" "te_numerics_${q}_tp4_nomps.log" -n 4 --no-mps -- \
+        run_numerics.py "${qarg[@]}"
+    done
+  fi
+  if [[ " $parts " == *" trace "* ]]; then
+    # fp32 (no --quantization: the reference failure's configuration): every cuBLASLt GEMM
+    # and collective of a TP 1 and a TP 4 launch, and the GEMM sites whose algorithm,
+    # compute type or numerical class changed between them.
+    rm -rf "$out/te_trace1" "$out/te_trace4"
+    te_run "te: run_numerics fp32, TP 1, --trace" te_trace_tp1.log -n 1 --trace "$out/te_trace1" -- run_numerics.py
+    te_run "te: run_numerics fp32, TP 4, --trace" te_trace_tp4.log -n 4 --trace "$out/te_trace4" -- run_numerics.py
+    local start end rc
+    start=$(date +%s.%N)
+    python3 -m tpcheck diff "$out/te_trace1/ledger.json" "$out/te_trace4/ledger.json" >"$out/te_trace_diff.txt" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    local summary
+    summary="$(grep -m1 -E "^GEMMs whose algorithm|no GEMM recorded|error:" "$out/te_trace_diff.txt" ||
+               tail -n 1 "$out/te_trace_diff.txt")"
+    row "te: tpcheck diff of the TP 1 and TP 4 ledgers (te_trace_diff.txt)" \
+      "status $rc (1: something differs); $(echo "$summary" | cut -c1-400 | tr '|' '/')" \
+      "$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}')"
+  fi
+)
+has te && stage_te
+
 # The GEMM algorithm / class differences of every suite run, in one file.
 ls "$out"/te_cuda_tp*.json >/dev/null 2>&1 &&
   python3 "$root/scripts/gemm_class_table.py" "$out"/te_cuda_tp*.json >"$out/class_tables.md" 2>&1
