@@ -13,10 +13,7 @@ float64 copy (`copy.deepcopy(model).double()`; the model's own casts, RoPE's
 inv_freq.float() and RMSNorm's .to(float32), still run in float32 there, so it is slightly
 cheaper than a truth that lifts them) and `tpcheck.torch.truth` with its probe; then
 compare_tp on every rank under `truth` (the unsharded run, the float64 truth and its
-rounding-noise probe on rank 0), under `truth-seeded` (the same, with the truth computed
-on rank 0 by tpcheck.torch.truth(rng_seed=0) inside the timed call and passed as truth=:
-compare_tp's own truth refuses SDPA as a random op although dropout_p is 0) and under
-`te` (no truth). Each figure: the first call of the launch, and the median of the --repeat
+rounding-noise probe on rank 0) and under `te` (no truth). Each figure: the first call of the launch, and the median of the --repeat
 later ones; compare_tp from a barrier until every rank has its report, with rank 0's
 `report.seconds` by phase. A policy that raises is reported with its error.
 
@@ -97,35 +94,29 @@ def rank_main(path: str, out_json: str, repeat: int, device_name: str) -> None:
             out["reference"][name] = {"first": times[0], "median": statistics.median(times[1:])}
         del f64
     dist.barrier()
-    if rank == 0:  # the truth alone (what compare_tp computes on rank 0), rng_seed: see below
+    if rank == 0:  # the truth alone: what compare_tp computes on rank 0
         from tpcheck.torch import truth
         times = []
         for _ in range(repeat + 1):
             t = time.perf_counter()
             try:
-                truth(single, input_ids=ids, use_cache=False, grad_output={"logits": dy}, rng_seed=0)
+                truth(single, input_ids=ids, use_cache=False, grad_output={"logits": dy})
             except Exception as e:
-                out["reference"]["truth with probe, rng_seed=0"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                out["reference"]["truth() with probe"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 break
             times.append(time.perf_counter() - t)
         else:
-            out["reference"]["truth with probe, rng_seed=0"] = {
+            out["reference"]["truth() with probe"] = {
                 "first": times[0], "median": statistics.median(times[1:])}
     dist.barrier()
-    for policy in ("truth", "truth-seeded", "te"):
+    for policy in ("truth", "te"):
         calls = []
         for _ in range(repeat + 1):
             dist.barrier()
             t = time.perf_counter()
             try:
-                given = None
-                if policy == "truth-seeded" and rank == 0:  # compare_tp's own refuses SDPA
-                    from tpcheck.torch import truth
-                    given = truth(single, input_ids=ids, use_cache=False,
-                                  grad_output={"logits": dy}, rng_seed=0)
                 report = compare_tp(single, sharded, (), {"input_ids": ids, "use_cache": False},
-                                    grad_output={"logits": dy}, policy=policy.split("-")[0],
-                                    truth=given)
+                                    grad_output={"logits": dy}, policy=policy)
             except Exception as e:
                 out["compare_tp"][policy] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 break
@@ -318,7 +309,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--figures", action="store_true")
     ap.add_argument("--policies", nargs="+", default=["truth", "te"],
-                    help="--figures: compare_tp's policies (hf_workers/hf_tp.py's names)")
+                    help="--figures: compare_tp's policies")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="--figures: the models' dtype (from_pretrained(dtype=...))""")
     args = ap.parse_args()

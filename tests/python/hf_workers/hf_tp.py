@@ -13,9 +13,7 @@ and transformers costs seconds; a job a fraction of one). Each rank writes
 OUTDIR/rank<r>.json: per job and policy (the models are loaded once per job, judged
 once per policy) whether compare_tp passed, the failing tensors as [kind, name],
 their first reasons, how many times the bug's code ran ("fired": a bug whose code never
-ran cannot count as caught), and the job's seconds. Policies: "te", "truth", and
-"truth-seeded" (`truth`, with the truth computed on rank 0 with rng_seed=0 and passed as
-`truth=`: see _seeded_truth).
+ran cannot count as caught), and the job's seconds.
 
 Per job, as a user does it: the unsharded twin is `from_pretrained(path)`, the sharded
 model `from_pretrained(path, tp_plan=...)` on the launch's process group (the emulate
@@ -191,20 +189,6 @@ def _figures(report, policy: str) -> list[dict]:
     return out
 
 
-def _seeded_truth(single, ids, dy):
-    """policy "truth-seeded": the truth computed here with rng_seed=0 and handed to
-    compare_tp (rank 0's is the one used), because compare_tp's own refuses SDPA as a random
-    op although dropout_p is 0 (test_hf_models.py says more). Elsewhere None; on an error
-    None too, so that compare_tp computes its own and raises it on every rank."""
-    if dist.get_rank() != 0:
-        return None
-    from tpcheck.torch import truth
-    try:
-        return truth(single, input_ids=ids, use_cache=False, grad_output={"logits": dy}, rng_seed=0)
-    except Exception:
-        return None
-
-
 def job(j: dict) -> list[dict]:
     """The job's models loaded once, then judged under each of its policies."""
     global FIRED, SHARD_OFFSET
@@ -234,8 +218,7 @@ def job(j: dict) -> list[dict]:
         t1 = time.perf_counter()
         try:
             report = compare_tp(single, sharded, (), {"input_ids": ids, "use_cache": False},
-                                grad_output={"logits": dy}, policy=policy.split("-")[0],
-                                truth=_seeded_truth(single, ids, dy) if policy == "truth-seeded" else None)
+                                grad_output={"logits": dy}, policy=policy)
         except Exception as e:  # this policy's error is its result; the next still runs
             results.append({**head, "error": f"{type(e).__name__}: {e}",
                             "traceback": traceback.format_exc()})
@@ -246,7 +229,7 @@ def job(j: dict) -> list[dict]:
                "tensors": len(report.entries), "seconds": report.seconds,
                "load_seconds": load_seconds, "compare_seconds": round(time.perf_counter() - t1, 3)}
         if j.get("figures") and dist.get_rank() == 0:
-            out["figures"] = _figures(report, policy.split("-")[0])
+            out["figures"] = _figures(report, policy)
         results.append(out)
     return results
 
