@@ -19,8 +19,9 @@ The package, from the launcher down:
     ledger        --trace: comm.rank<r>.jsonl (rank side) and ledger.json (tpcheck.emulate/1)
     protocol      the launcher <-> rank protocol: environment, job files, events, init
                   marks, EmulateError
-    _hook/        sitecustomize.py: maps init_process_group("nccl") and set_device(i) onto
-                  the backend, registers it
+    _hook/        sitecustomize.py: maps init_process_group("nccl") onto the backend and
+                  a rank's GPU indices onto the GPUs present (device_count, set_device,
+                  device_id=), registers the backend
     group         TpcheckProcessGroup: c10d's calls onto the collectives
     collectives   each collective over the engine
     engine        one step per collective: the exchange, the records, mismatch checks

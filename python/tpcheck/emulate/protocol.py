@@ -6,6 +6,8 @@ Environment of every rank (besides torchrun's own variables, docs/EMULATE.md):
     TPCHECK_EMULATE_JOB=<id>   the launch's id: it names the launch's files
     TPCHECK_COMM_ORDER         the order of additions, one of tpcheck._names.COMM_ORDERS
     TPCHECK_TRACE_DIR          --trace DIR, absolute (ledger.py writes there)
+    TPCHECK_EMULATE_PHYSICAL_GPUS   tests only: the number of GPUs the start-up hook takes
+                               as present (its device_count mapping, on machines without one)
 
 Files of a launch, all named `tpcheck-<job>-...` in /dev/shm (/tmp where there is none),
 removed by the launcher once every rank has ended (also after a failure):
