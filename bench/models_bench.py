@@ -13,15 +13,16 @@ float64 copy (`copy.deepcopy(model).double()`; the model's own casts, RoPE's
 inv_freq.float() and RMSNorm's .to(float32), still run in float32 there, so it is slightly
 cheaper than a truth that lifts them) and `tpcheck.torch.truth` with its probe; then
 compare_tp on every rank under `truth` (the unsharded run, the float64 truth and its
-rounding-noise probe on rank 0) and under `te` (no truth). Each figure: the first call of the launch, and the median of the --repeat
-later ones; compare_tp from a barrier until every rank has its report, with rank 0's
-`report.seconds` by phase. A policy that raises is reported with its error.
+rounding-noise probe on rank 0) and under `te` (no truth). Each figure: the first call of
+the launch, and the median of the --repeat later ones; compare_tp from a barrier until
+every rank has its report, with rank 0's `report.seconds` by phase. A policy that raises
+is reported with its error.
 
 --figures: the HF test models (llama, qwen2) at each TP size, correct code on seeds 101-103
 and each bug at seed 7 (tests/python/hf_workers/hf_tp.py); on rank 0, for every judged
 tensor, the verdicts of torch.testing.assert_close at its defaults and of the `te` rule on
-the very tensors compare_tp judged, next to compare_tp's own policy (`truth`, else `te`
-where the truth cannot run); printed as one markdown table by tensor class.
+the very tensors compare_tp judged, next to compare_tp's own (`truth`); printed as one
+markdown table by tensor class.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def rank_main(path: str, out_json: str, repeat: int, device_name: str) -> None:
     rank = dist.get_rank()
     if device_name == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    device = torch.device("cuda", torch.cuda.current_device()) if device_name == "cuda" else torch.device("cpu")
+    device = (torch.device("cuda", torch.cuda.current_device()) if device_name == "cuda"
+              else torch.device("cpu"))
     from tpcheck.torch import compare_tp
 
     def sync():
@@ -102,7 +104,8 @@ def rank_main(path: str, out_json: str, repeat: int, device_name: str) -> None:
             try:
                 truth(single, input_ids=ids, use_cache=False, grad_output={"logits": dy})
             except Exception as e:
-                out["reference"]["truth() with probe"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                out["reference"]["truth() with probe"] = {
+                    "error": f"{type(e).__name__}: {str(e)[:300]}"}
                 break
             times.append(time.perf_counter() - t)
         else:
@@ -192,7 +195,8 @@ def timing(args) -> int:
                 if "error" in r:
                     print(f"| {name} (rank 0 alone) | {r['error']} | | | |")
                     continue
-                print(f"| {name} (rank 0 alone) | {r['first'] * 1e3:.1f} ms | {r['median'] * 1e3:.1f} ms "
+                print(f"| {name} (rank 0 alone) | {r['first'] * 1e3:.1f} ms "
+                      f"| {r['median'] * 1e3:.1f} ms "
                       f"| {r['median'] / one:.2f} | {r['median'] / f64:.2f} |")
             for policy, r in res["compare_tp"].items():
                 if "error" in r:
@@ -277,7 +281,8 @@ def figures(args) -> int:
                     c[0] += int(not t[pol])
                     c[1] += 1
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, {_machine()}, commit "
-          f"{_commit()}; {args.dtype}; TP {', '.join(map(str, args.tp))}; llama and qwen2; correct code seeds "
+          f"{_commit()}; {args.dtype}; TP {', '.join(map(str, args.tp))}; llama and qwen2; "
+          f"correct code seeds "
           f"{seeds[0]}-{seeds[-1]}, bugs seed 7. Tensors failing / judged:\n")
     print("| scenario | tensor class | `assert_close` defaults | `te` | `truth` |")
     print("|---|---|---|---|---|")

@@ -13,11 +13,12 @@ Two parts, each one `python -m tpcheck emulate -n N` launch per TP size:
   `model_parallel_cuda_manual_seed`, CPU initialization of the full weights then each
   rank's slice, `.cuda()`), against the same class built on a one-rank TP group through
   `pg_collection` (every rank's own group; compare_tp uses rank 0's). Float32 and bf16
-  (`params_dtype`, `bf16=True`); grouped-query attention (16 heads, 8 query groups). No
+  (`params_dtype`, `bf16=True`); grouped-query attention (16 heads, 8 query groups).
+  Correct code on seeds 101-103 must pass; one dropped reduction (the MLP's fc2 output:
+  Megatron's all-reduce returns this rank's partial sum) must fail on `output.0`. No
   sequence parallel: the local spec's torch LayerNorm refuses it ("sequence parallel not
-  supported by torch LayerNorm"; Apex's norm would take it, and the machine has no Apex). Correct code on seeds 101-103 must pass; one
-  dropped reduction (the MLP's fc2 output: the all-reduce, or under sequence parallel the
-  reduce-scatter, returns this rank's partial sum) must fail on `output.0`.
+  supported by torch LayerNorm"; Apex's norm would take it, and the machine has no Apex);
+  the job's "sp" variant and the bug's reduce-scatter half are kept for a spec that does.
 * hf: the Hugging Face models of tests/python/test_hf_models.py (hf_workers/), loaded with
   `from_pretrained(tp_plan=...)` onto the GPU, in bf16 and in float32 with TF32 matmuls:
   correct code on seeds 101-103 and the four bugs of hf_workers/hf_tp.py.
@@ -28,8 +29,8 @@ policy's for the HF jobs (rank 0). Prints one table row per (part, TP, dtype, po
 correct runs passing, bugs caught, errors, compare_tp's seconds (first call / median) —
 and writes DIR/summary.json and DIR/<part>_tp<N>/rank<r>.json. Exit status 0 when every
 expectation under `truth` holds (correct code passes, each bug is caught or refused),
-1 otherwise; `te` is reported, not required (its bf16 false alarms are a
-figure, issue 42). Expected to fail today (docs/JUDGE.md, "Real libraries"): on the CPU
+1 otherwise; `te` is reported, not required (its bf16 false alarms are a figure, issue
+42). Expected to fail today (docs/JUDGE.md, "Real libraries"): on the CPU
 the truth misses the bf16 dropped reduction of Megatron's layer and of some HF runs (its
 bf16 floor is above the bug's effect).
 
@@ -39,9 +40,9 @@ on PYTHONPATH by run.sh from a carried .whl/ folder:
              megatron-core==0.19.2 -d .whl
   there: pip install --no-deps --target DIR .whl/megatron_core-*.whl
 
---device cpu runs the Megatron part on CPU tensors (development only: Megatron allocates
-its attention buffer and keeps its dropout RNG on CUDA, so two stand-ins replace those;
---small for a quick run).
+--device cpu runs both parts on CPU tensors (development only: Megatron allocates its
+attention buffer and keeps its dropout RNG on CUDA, so two stand-ins replace those there;
+--small for small Megatron shapes).
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def megatron_job(j: dict, groups: dict, device) -> list[dict]:
                         "failing": [[e["kind"], e["name"]] for e in report.failures],
                         "reasons": [list(e["verdicts"].values())[0]["reason"]
                                     for e in report.failures][:3],
-                        "seconds": report.seconds, "compare_seconds": round(time.perf_counter() - t, 3)})
+                        "seconds": report.seconds,
+                        "compare_seconds": round(time.perf_counter() - t, 3)})
     return results
 
 
@@ -268,7 +270,8 @@ def _read(d: str, n: int) -> list[list[dict]]:
     return out
 
 
-def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict, raises: dict) -> list[dict]:
+def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict,
+                raises: dict) -> list[dict]:
     """One row per (dtype label, policy): what passed, what was caught, what went wrong."""
     rows: dict = {}
     for rank, results in enumerate(ranks):
@@ -297,7 +300,8 @@ def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict, rai
                       and list(bugs[bug]) in r["failing"])
             row["bugs_caught"] += int(ok)
             if not ok:
-                row["misses"].append(f"rank {rank} {bug}: {r.get('error') or r.get('failing', [])[:4]}")
+                row["misses"].append(
+                    f"rank {rank} {bug}: {r.get('error') or r.get('failing', [])[:4]}")
     for row in rows.values():
         row["errors"] = [m for m in row["misses"] if "Error" in m]
     return list(rows.values())
@@ -352,14 +356,16 @@ def driver(args) -> int:
                 row["launch_rc"], row["launch_s"] = rc, round(wall, 1)
             rows += new
     json.dump(rows, open(os.path.join(out, "summary.json"), "w"), indent=1)
-    print("| part | TP | dtype | policy | correct passing | bugs caught | compare_tp s (first / median) | launch |")
+    print("| part | TP | dtype | policy | correct passing | bugs caught "
+          "| compare_tp s (first / median) | launch |")
     print("|---|---|---|---|---|---|---|---|")
     ok = True
     for r in rows:
         s = r["seconds"]
         secs = f"{s[0]:.2f} / {statistics.median(s):.2f}" if s else "-"
-        print(f"| {r['part']} | {r['tp']} | {r['dtype']} | {r['policy']} | {r['correct_passed']}/{r['correct']} "
-              f"| {r['bugs_caught']}/{r['bugs']} | {secs} | rc {r['launch_rc']}, {r['launch_s']} s |")
+        print(f"| {r['part']} | {r['tp']} | {r['dtype']} | {r['policy']} "
+              f"| {r['correct_passed']}/{r['correct']} | {r['bugs_caught']}/{r['bugs']} | {secs} "
+              f"| rc {r['launch_rc']}, {r['launch_s']} s |")
         if r["policy"].startswith("truth") and (r["correct_passed"] < r["correct"]
                                                  or r["bugs_caught"] < r["bugs"]):
             ok = False

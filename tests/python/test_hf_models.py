@@ -89,7 +89,8 @@ def tp_results(request, model_dirs, tmp_path_factory):
     by_job: dict = {}
     for r in range(n):
         for res in json.loads((d / f"rank{r}.json").read_text()):
-            by_job.setdefault((res["family"], res["bug"], res["seed"], res["policy"]), []).append(res)
+            key = (res["family"], res["bug"], res["seed"], res["policy"])
+            by_job.setdefault(key, []).append(res)
     assert all(len(v) == n for v in by_job.values())
     return n, by_job
 
@@ -103,7 +104,8 @@ def test_correct_code_passes(tp_results, policy):
         for rank, r in enumerate(rs):
             assert "error" not in r, f"TP {n} {key} rank {rank}: {r['error']}\n{r.get('traceback')}"
             assert r["fired"] == 0 or key[1] in CONTROLS, f"TP {n} {key}: a bug's code ran"
-            assert r["passed"], f"TP {n} {key} rank {rank}: false alarm {r['failing']} {r['reasons']}"
+            assert r["passed"], (f"TP {n} {key} rank {rank}: false alarm {r['failing']} "
+                                 f"{r['reasons']}")
 
 
 @pytest.mark.parametrize("policy", POLICIES)

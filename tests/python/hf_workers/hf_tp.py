@@ -194,7 +194,8 @@ def job(j: dict) -> list[dict]:
     global FIRED, SHARD_OFFSET
     from tpcheck.torch import compare_tp
     t0 = time.perf_counter()
-    device = torch.device("cuda", torch.cuda.current_device()) if j.get("device") == "cuda" else torch.device("cpu")
+    device = (torch.device("cuda", torch.cuda.current_device()) if j.get("device") == "cuda"
+              else torch.device("cpu"))
     torch.backends.cuda.matmul.allow_tf32 = bool(j.get("tf32", False))
     single = _load(j)
     FIRED, SHARD_OFFSET = 0, j["bug"] == "shard-offset"
