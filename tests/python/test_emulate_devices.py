@@ -105,7 +105,7 @@ def test_group_is_its_own_backend_for_cpu_and_cuda():
     register_backend()
     assert dist.Backend.backend_capability["tpcheck"] == ["cpu", "cuda"]
     pg = TpcheckProcessGroup(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
-    for d in (torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 3), "cuda", "cpu"):
+    for d in (torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 3), "cuda", "cpu", 1):
         assert pg._get_backend(d) is pg
     assert pg._get_backend("cuda").supports_splitting is False
     assert pg._get_backend("cuda").supports_tensor_alloc(torch.device("cuda")) is False

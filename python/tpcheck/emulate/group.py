@@ -87,8 +87,11 @@ class TpcheckProcessGroup(dist.ProcessGroup):
         return [torch.device(t) for t in DEVICE_TYPES]
 
     def _get_backend(self, device):
-        kind = device if isinstance(device, str) else getattr(device, "type", None)
-        kind = str(kind).split(":", 1)[0]
+        if isinstance(device, int):  # an index: the accelerator's
+            kind = "cuda"
+        else:
+            kind = str(device if isinstance(device, str) else getattr(device, "type", None))
+            kind = kind.split(":", 1)[0]
         if kind not in DEVICE_TYPES:
             # RuntimeError, as c10d's own answer: its callers catch that one.
             raise EmulateError(f"the tpcheck backend has no backend for device type {kind!r} "
