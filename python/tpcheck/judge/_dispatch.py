@@ -11,8 +11,10 @@ One mode does four things for every aten op the module's forward and backward ca
 - refuses random ops (dropout, bernoulli, rand...) by name unless a fixed seed was given;
 - records the longest GEMM reduction (mm, addmm, bmm, baddbmm, convolution): the K of the
   truth policy's floor u·sqrt(K)·|truth|;
-- with a probe, multiplies every op's floating result by one rounding, 1 + u·r
-  (_judge_probe), as the suite's rounding probe does for its own layers' stores.
+- with a probe, multiplies every op's floating result by one rounding, 1 + u·s·r
+  (_probe), as the suite's rounding probe does for its own layers' stores; s scales the
+  rounding to the op's nominal dtype, the one it has in the real run (_nominal: 2⁻¹⁶ for
+  an f32 op of a bf16 model, 1 for an op in the model's own dtype).
 
 Which results the probe perturbs: those of ops that compute. Views and data movement
 (reshape, transpose, cat, copies, indexing) store nothing new — perturbing them would count
@@ -31,6 +33,7 @@ from torch.utils._pytree import tree_flatten
 
 from .._errors import RunError
 from ._lifting import Lifts, ModuleStack, code_location, lift_arguments
+from ._nominal import Nominal, coarsest
 from ._probe import probe_factors
 
 # Ops whose results are copies or rearrangements of their inputs' values (no rounding).
@@ -125,13 +128,17 @@ class F64TruthMode(TorchDispatchMode):
     rng_seed: None refuses random ops; an int allows them (the caller seeds the generator).
     strict: refuse every narrower floating result (a cast, FP8) instead of lifting it to
     float64 (_lifting). modules: names the running module in lifts and errors.
+    nominal: the probed run's nominal dtypes (_nominal; its leaves tagged by the caller);
+    None probes every op as one rounding of the run's dtype.
     """
 
     def __init__(self, *, probe_u: Optional[float] = None, probe_seed: int = 1234,
                  rng_seed: Optional[int] = None, strict: bool = True,
-                 modules: Optional[ModuleStack] = None):
+                 modules: Optional[ModuleStack] = None, nominal: Optional[Nominal] = None):
         super().__init__()
         self.probe_u = probe_u
+        self.nominal = nominal if probe_u is not None else None
+        self.probed: dict[str, int] = {}  # nominal dtype → op results the probe perturbed
         self.probe_seed = int(probe_seed)
         self.rng_seed = rng_seed
         self.strict = strict
@@ -154,8 +161,12 @@ class F64TruthMode(TorchDispatchMode):
                 "bernoulli, rand...) " + self._where() + "; its truth would draw different "
                 "numbers than the runs it judges. Put the module in eval() / set the "
                 "probability to 0, or pass rng_seed=<int> to draw from a fixed seed")
+        asked: list = []
         if not self.strict and not func.is_view:
-            args, kwargs = lift_arguments(func, _qualified(func), args, kwargs, self.lifts)
+            args, kwargs, asked = lift_arguments(func, _qualified(func), args, kwargs,
+                                                 self.lifts, self.nominal)
+        nominal = self.nominal.result(func, args, kwargs, coarsest(asked)) \
+            if self.nominal is not None else None
         if name in _GEMMS:
             self.gemm_calls += 1
             self.reduction_length = max(self.reduction_length, _gemm_reduction_length(name, args))
@@ -163,8 +174,11 @@ class F64TruthMode(TorchDispatchMode):
         flat_out, _ = tree_flatten(out)
         if any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0]):
             self._check_float64(func, flat_out)  # factories (ones, zeros) are exact
+        if nominal is not None:
+            for t in flat_out:
+                self.nominal.tag(t, nominal)
         if self.probe_u is not None and name not in _DATA_MOVEMENT and not func.is_view:
-            self._perturb(func, args, kwargs, flat_out)
+            self._perturb(func, args, kwargs, flat_out, nominal)
         return out
 
     def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -195,13 +209,15 @@ class F64TruthMode(TorchDispatchMode):
                 f"{tuple(t.shape)}) from float64 operands {self._where()}: the op has no float64 "
                 f"path; {FIX}")
 
-    def _perturb(self, func: Any, args: tuple, kwargs: dict, flat_out: list) -> None:
+    def _perturb(self, func: Any, args: tuple, kwargs: dict, flat_out: list,
+                 nominal: Optional[torch.dtype]) -> None:
         mutable = func._schema.is_mutable
         input_storages = set()
         if not mutable:
             for a in tree_flatten((args, kwargs))[0]:
                 if isinstance(a, torch.Tensor):
                     input_storages.add(a.untyped_storage().data_ptr())
+        scale = self.nominal.scale(nominal) if nominal is not None else 1.0
         for t in flat_out:
             if not isinstance(t, torch.Tensor) or t.dtype != torch.float64 or t.numel() == 0:
                 continue
@@ -209,6 +225,10 @@ class F64TruthMode(TorchDispatchMode):
                 continue  # an alias of an input: nothing new was stored
             factors = probe_factors(self.probe_u, self.probe_seed, self.counter + 1, t.numel(),
                                     t.device).reshape(t.shape)
+            if scale != 1.0:  # 1 + s·(factor − 1): s a power of two, exact but the last add
+                factors = (factors - 1.0).mul_(scale).add_(1.0)
             self.counter += t.numel()
+            key = str(nominal).replace("torch.", "") if nominal is not None else "uniform"
+            self.probed[key] = self.probed.get(key, 0) + 1
             with torch.no_grad():
                 t.mul_(factors)

@@ -116,30 +116,38 @@ class Lifts:
         return [dict(r) for r in self._records.values()]
 
 
-def _widened(value: Any, op: str, written: bool, lifts: Lifts) -> Any:
-    """A dtype argument or tensor input, lifted to float64 when narrower (module docstring)."""
+def _widened(value: Any, op: str, written: bool, lifts: Lifts, asked: list,
+             nominal: Any) -> Any:
+    """A dtype argument or tensor input, lifted to float64 when narrower (module docstring);
+    a lifted dtype argument is appended to `asked`, a widened input keeps its dtype as its
+    nominal one (_nominal)."""
     if is_narrow_float(value):
         lifts.add(op, value, "cast")
+        asked.append(value)
         return torch.float64
     if isinstance(value, torch.Tensor) and not written and is_narrow_float(value.dtype):
         lifts.add(op, value.dtype, "input")
-        return value.to(torch.float64)
+        wide = value.to(torch.float64)
+        return nominal.tag(wide, value.dtype) if nominal is not None else wide
     if isinstance(value, (list, tuple)) and value and \
             all(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_widened(v, op, written, lifts) for v in value)
+        return type(value)(_widened(v, op, written, lifts, asked, nominal) for v in value)
     return value
 
 
-def lift_arguments(func: Any, op: str, args: tuple, kwargs: dict,
-                   lifts: Lifts) -> tuple[tuple, dict]:
-    """The op's arguments with narrower dtypes and (unwritten) tensor inputs in float64."""
+def lift_arguments(func: Any, op: str, args: tuple, kwargs: dict, lifts: Lifts,
+                   nominal: Any = None) -> tuple[tuple, dict, list]:
+    """The op's arguments with narrower dtypes and (unwritten) tensor inputs in float64,
+    and the narrower dtype arguments it lifted (the op's nominal dtype, _nominal)."""
     schema = func._schema.arguments
 
     def written(i: int) -> bool:  # the schema marks the arguments an op writes
         return i < len(schema) and schema[i].alias_info is not None and \
             schema[i].alias_info.is_write
     by_name = {a.name: i for i, a in enumerate(schema)}
-    new_args = tuple(_widened(a, op, written(i), lifts) for i, a in enumerate(args))
-    new_kwargs = {k: _widened(v, op, written(by_name.get(k, len(schema))), lifts)
+    asked: list = []
+    new_args = tuple(_widened(a, op, written(i), lifts, asked, nominal)
+                     for i, a in enumerate(args))
+    new_kwargs = {k: _widened(v, op, written(by_name.get(k, len(schema))), lifts, asked, nominal)
                   for k, v in kwargs.items()}
-    return new_args, new_kwargs
+    return new_args, new_kwargs, asked

@@ -17,11 +17,13 @@ without a float64 path is named with the module that called it, unless a float64
 reference was registered for it (_references), and a random op without a seed is refused.
 
 With probe=True the same computation runs a second time with every op's result multiplied
-by 1 + 2^-30·r (r uniform in [-1, 1), the suite's probe stream): `noise` = (probed −
-truth) / 2^-30 is, to first order, how far one rounding of every intermediate moves each
-element: the `rounding_noise` of tpcheck.compare, whose floor keeps the truth policy fair
-on tensors whose exact value cancels to ~0 (an attention key-bias gradient) while their
-rounding errors do not. docs/JUDGE.md is the manual.
+by 1 + 2^-30·s·r (r uniform in [-1, 1), the suite's probe stream; s = u(the op's nominal
+dtype) / u(the run dtype), at most 1: _nominal): `noise` = (probed − truth) / 2^-30 is, to
+first order, how far one rounding of every intermediate, each at the precision the real
+run computes it in, moves each element, in units of the run dtype's rounding: the
+`rounding_noise` of tpcheck.compare, whose floor keeps the truth policy fair on tensors
+whose exact value cancels to ~0 (an attention key-bias gradient) while their rounding
+errors do not. docs/JUDGE.md is the manual.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .._names import (PROBE_U, REPORT_KIND_INPUT_GRADIENT, REPORT_KIND_OUTPUT,
                       REPORT_KIND_PARAMETER_GRADIENT)
 from ._dispatch import FIX, F64TruthMode, TruthRunError
 from ._lifting import ModuleStack
+from ._nominal import Nominal
 from ._naming import named_tensors
 from ._references import References
 from ._runs import backward_from, input_gradients, leaf_inputs, one_device
@@ -58,16 +61,20 @@ class ModuleTruth:
     `gemm_calls` how many GEMMs it made, `backward` whether a backward ran (else the
     gradients are empty), `lifted` the casts below float64 it kept in float64 (one dict per
     op, dtype and place: op, dtype, kind, module, where, count), `references` the float64
-    references that stood in for kernels. `truth_for(name, tp_size=N)` gives one tensor to
-    tpcheck.compare."""
+    references that stood in for kernels. With the probe, `probe_dtype` is the run dtype
+    (the coarsest of the parameters', buffers' and floating inputs' dtypes), whose unit
+    roundoff is the noise's unit, and `probed` counts the op results the probe perturbed
+    by their nominal dtype ({"bfloat16": 310, "float32": 24}). `truth_for(name,
+    tp_size=N)` gives one tensor to tpcheck.compare."""
 
     __slots__ = ("outputs", "input_grads", "grads", "noise", "reduction_length", "gemm_calls",
-                 "backward", "lifted", "references")
+                 "backward", "lifted", "references", "probe_dtype", "probed")
 
     def __init__(self, outputs: dict, input_grads: dict, grads: dict,
                  noise: Optional["ModuleTruth"] = None, reduction_length: int = 0,
                  gemm_calls: int = 0, backward: bool = True, lifted: Optional[list] = None,
-                 references: Optional[list] = None):
+                 references: Optional[list] = None, probe_dtype: Optional[str] = None,
+                 probed: Optional[dict] = None):
         self.outputs = outputs
         self.input_grads = input_grads
         self.grads = grads
@@ -77,6 +84,8 @@ class ModuleTruth:
         self.backward = backward
         self.lifted = list(lifted or [])
         self.references = list(references or [])
+        self.probe_dtype = probe_dtype
+        self.probed = dict(probed or {})
 
     @property
     def output(self) -> torch.Tensor:
@@ -123,9 +132,10 @@ class _Request:
     device: torch.device
 
 
-def _f64_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def _f64_state(module: torch.nn.Module, nominal: Optional[Nominal]) -> dict[str, torch.Tensor]:
     """float64 copies of the module's parameters (leaves, with its requires_grad and its
-    plain attributes: Megatron's tensor_model_parallel, ...) and buffers (others cloned)."""
+    plain attributes: Megatron's tensor_model_parallel, ...) and buffers (others cloned),
+    tagged with their dtypes in `nominal`."""
     state: dict[str, torch.Tensor] = {}
     for name, p in module.named_parameters():
         q = p.detach().to(torch.float64, copy=True) if p.is_floating_point() else p.detach().clone()
@@ -133,15 +143,21 @@ def _f64_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         for k, v in vars(p).items():
             if not isinstance(v, torch.Tensor):
                 setattr(q, k, v)
-        state[name] = q
+        state[name] = _leaf(nominal, q, p.dtype)
     for name, b in module.named_buffers():
-        state[name] = b.detach().to(torch.float64, copy=True) if b.is_floating_point() \
-            else b.detach().clone()
+        state[name] = _leaf(nominal, b.detach().to(torch.float64, copy=True), b.dtype) \
+            if b.is_floating_point() else b.detach().clone()
     return state
 
 
-def _f64_leaf(_name: str, t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64) if t.is_floating_point() else t
+def _leaf(nominal: Optional[Nominal], t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return nominal.leaf(t, dtype) if nominal is not None else t
+
+
+def _f64_leaf(nominal: Optional[Nominal]) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    def cast(_name: str, t: torch.Tensor) -> torch.Tensor:
+        return _leaf(nominal, t.to(torch.float64), t.dtype) if t.is_floating_point() else t
+    return cast
 
 
 @contextlib.contextmanager
@@ -207,12 +223,14 @@ def _function_of(e: BaseException) -> str:
 
 
 def _run_once(r: _Request, mode: F64TruthMode, references: References) -> ModuleTruth:
-    """One float64 forward (and backward) of `r.module` under `mode`."""
-    state = _f64_state(r.module)
-    f_args, f_kwargs = leaf_inputs(r.args, r.kwargs, _f64_leaf)
+    """One float64 forward (and backward) of `r.module` under `mode` (its leaves tagged with
+    their dtypes when the mode tracks nominal dtypes)."""
+    nominal = mode.nominal
+    state = _f64_state(r.module, nominal)
+    f_args, f_kwargs = leaf_inputs(r.args, r.kwargs, _f64_leaf(nominal))
     grads = None
     if r.grad_output is not None:
-        grads = {k: g.detach().to(torch.float64)
+        grads = {k: _leaf(nominal, g.detach().to(torch.float64), g.dtype)
                  for k, g in named_tensors(r.grad_output, "output").items()}
     with _environment(r, mode.modules, references), mode:
         out_named, ran = _forward_backward(r, state, f_args, f_kwargs, grads, mode.modules)
@@ -221,9 +239,12 @@ def _run_once(r: _Request, mode: F64TruthMode, references: References) -> Module
     param_grads = {k: (state[k].grad.detach() if state[k].grad is not None
                        else torch.zeros_like(state[k].detach()))
                    for k, p in params.items() if p.requires_grad} if ran else {}
+    run_dtype = nominal.run_dtype if nominal is not None else None
     return ModuleTruth({k: v.detach() for k, v in out_named.items()}, input_grads, param_grads,
                        None, mode.reduction_length, mode.gemm_calls, ran, mode.lifts.records(),
-                       references.used())
+                       references.used(),
+                       str(run_dtype).replace("torch.", "") if run_dtype is not None else None,
+                       mode.probed)
 
 
 def _loss_backward(value: Any) -> bool:
@@ -270,12 +291,15 @@ def module_truth(module: torch.nn.Module, *args: Any, grad_output: Any = None,
     exact = _run_once(r, F64TruthMode(rng_seed=rng_seed, strict=strict, modules=modules),
                       references)
     if probe:
+        nominal = Nominal(torch.get_default_dtype())
         probed = _run_once(r, F64TruthMode(probe_u=PROBE_U, probe_seed=probe_seed,
-                                           rng_seed=rng_seed, strict=strict, modules=modules),
+                                           rng_seed=rng_seed, strict=strict, modules=modules,
+                                           nominal=nominal),
                            references)
         exact.noise = ModuleTruth(*(_noise(getattr(probed, f), getattr(exact, f))
                                     for f in ("outputs", "input_grads", "grads")),
                                   backward=exact.backward)
+        exact.probe_dtype, exact.probed = probed.probe_dtype, probed.probed
     return exact
 
 
