@@ -3,8 +3,8 @@
 The wheel test builds the package as a user would, in a fresh virtual environment with
 pip's build isolation, offline: the build requirements are the wheel files scripts/setup.sh
 keeps in .deps/wheels (--no-index --find-links). The build is told to take nothing from the
-system (TPCHECK_DEPS=bundled) and CMake ignores /usr and /usr/local
-(CMAKE_IGNORE_PREFIX_PATH); CUDA is off (CI machines have nvcc: a CUDA build takes too long
+system (TPCHECK_DEPS=bundled) and CMake ignores /, /usr and /usr/local
+(CMAKE_IGNORE_PREFIX_PATH; / because Debian's /lib is /usr/lib); CUDA is off (CI machines have nvcc: a CUDA build takes too long
 here). Then it checks what came out:
   * the name's tag is manylinux_X_Y for this machine's glibc, and the file is at most 10 MB;
   * the module and the OpenBLAS library it carries need no shared library but glibc's,
@@ -17,13 +17,14 @@ and installs it with `pip install --no-deps` into another fresh environment that
 tpcheck emulate -n 2` with an all-reduce, the pytest plugin (its entry point) and `python -m
 tpcheck run` (recording scipy-openblas32's OpenBLAS) must work.
 
-The quick checks next to it: the same configure with the system hidden; a compiler without
-C++20, or none, stops at configure naming what is missing; the CUDA loader
-(src/backend/cuda/cuda_libraries.cpp as a wheel builds it) against this machine's cuBLASLt and
-NCCL, and its message when one cannot be loaded.
+Next to it: the configure with the system hidden, bundled and auto (the development
+build's default, which falls back to the bundled copies); a compiler without C++20, or none,
+stops at configure naming what is missing; the CUDA loader (src/backend/cuda/
+cuda_libraries.cpp as a wheel builds it) against this machine's cuBLASLt and NCCL, and its
+message when one cannot be loaded.
 
-The wheel build takes about 4 CPU-minutes (bench/RESULTS.md), so it runs with
-TPCHECK_TEST_LONG=1 (scripts/test.sh --long) or TPCHECK_TEST_WHEEL=1.
+The wheel build is about 3.6 CPU-minutes (2 minutes on 2 idle cores; bench/RESULTS.md);
+TPCHECK_TEST_WHEEL=0 leaves the wheel out.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / ".deps" / "wheels"
-FULL = os.environ.get("TPCHECK_TEST_LONG") == "1" or os.environ.get("TPCHECK_TEST_WHEEL") == "1"
+FULL = os.environ.get("TPCHECK_TEST_WHEEL", "1") != "0"
+HIDDEN = "/;/usr;/usr/local"  # CMAKE_IGNORE_PREFIX_PATH: the system's packages
 BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
 MAX_WHEEL_BYTES = 10 * 1000 * 1000
 
@@ -72,13 +74,14 @@ def run(cmd, *, cwd=None, env=None, timeout=900, check=True) -> subprocess.Compl
     return r
 
 
-def configure(tmp_path: Path, *args: str, env=None) -> subprocess.CompletedProcess:
-    """CMake configure of the wheel's build (no tests, no benchmarks, no CUDA), /usr hidden."""
+def configure(tmp_path: Path, *args: str, deps: str = "bundled") -> subprocess.CompletedProcess:
+    """CMake configure of the wheel's build (no tests, no benchmarks, no CUDA), the system's
+    packages hidden."""
     return run(["cmake", "-S", ROOT, "-B", tmp_path / "cfg", "-G", "Ninja",
                 f"-DPython3_EXECUTABLE={sys.executable}", "-DTPCHECK_BUILD_TESTS=OFF",
                 "-DTPCHECK_BUILD_BENCH=OFF", "-DTPCHECK_CUDA=OFF", "-DTPCHECK_PYTHON=ON",
-                "-DTPCHECK_DEPS=bundled", "-DCMAKE_IGNORE_PREFIX_PATH=/usr;/usr/local", *args],
-               env=env, timeout=300, check=False)
+                f"-DTPCHECK_DEPS={deps}", f"-DCMAKE_IGNORE_PREFIX_PATH={HIDDEN}", *args],
+               timeout=300, check=False)
 
 
 def glibc_version() -> tuple[int, int]:
@@ -107,8 +110,9 @@ def words(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_configure_takes_nothing_from_the_system(tmp_path, build_requirements_here):
-    r = configure(tmp_path)
+@pytest.mark.parametrize("deps", ["bundled", "auto"])
+def test_configure_takes_nothing_from_the_system(tmp_path, build_requirements_here, deps):
+    r = configure(tmp_path, deps=deps)
     assert r.returncode == 0, r.stdout[-4000:]
     line = next(x for x in r.stdout.splitlines() if "tpcheck dependencies" in x)
     assert "fmt third_party/fmt (9.1.0)" in line and "CLI11 third_party/cli11 (2.1.2)" in line, line
@@ -259,13 +263,13 @@ def test_all_reduce(tpcheck_group):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     if not FULL:
-        pytest.skip("builds the wheel (about 4 CPU-minutes): TPCHECK_TEST_LONG=1 or TPCHECK_TEST_WHEEL=1")
+        pytest.skip("TPCHECK_TEST_WHEEL=0: the wheel is not built")
     if not (WHEELS / "requirements.txt").is_file():
         pytest.skip(f"no build requirements in {WHEELS}: run scripts/setup.sh")
     tmp = tmp_path_factory.mktemp("wheel")
     run([BASE_PYTHON, "-m", "venv", tmp / "build-venv"])
     hide = tmp / "hide-system.cmake"
-    hide.write_text('set(CMAKE_IGNORE_PREFIX_PATH "/usr;/usr/local" CACHE STRING "" FORCE)\n')
+    hide.write_text(f'set(CMAKE_IGNORE_PREFIX_PATH "{HIDDEN}" CACHE STRING "" FORCE)\n')
     build = run([tmp / "build-venv" / "bin" / "python", "-m", "pip", "wheel", ROOT, "--no-deps",
                  "--no-index", "--find-links", WHEELS, "-w", tmp / "dist", "-v",
                  "-C", f"build-dir={tmp / 'build'}", "-C", "cmake.define.TPCHECK_CUDA=OFF",
@@ -300,6 +304,7 @@ def test_wheel_tag_size_and_contents(wheel):
 
 
 def test_no_system_header_was_read(wheel):
+    assert "tpcheck dependencies (TPCHECK_DEPS=bundled): fmt third_party/fmt" in wheel["log"]
     deps = run(["ninja", "-C", wheel["build"], "-t", "deps"]).stdout
     assert "third_party/fmt/include/fmt/format.h" in deps and "scipy_openblas32/include/cblas.h" in deps
     assert "nlohmann_json/include/nlohmann/json.hpp" in deps
