@@ -333,6 +333,21 @@ def test_casts_below_float64_are_lifted_and_reported(one_rank_group):
         compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, strict_truth=True)
 
 
+def test_bf16_model_probe_counts_float32_ops_at_float32(one_rank_group):
+    """In bf16 the norm's float32 region is probed at float32's rounding, and the report
+    says how many results were (in float32 every op is one rounding: no such note)."""
+    torch.manual_seed(21)
+    single = _CastingMLP().to(torch.bfloat16)
+    x, dy = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
+    report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
+    report.assert_ok()
+    note = [n for n in report.notes if n.startswith("the rounding probe counted")]
+    assert len(note) == 1 and "in float32" in note[0] and "in bfloat16, the noise" in note[0]
+    f32 = _CastingMLP()
+    report = compare_tp(f32, copy.deepcopy(f32), (x.float(),), grad_output=dy.float())
+    assert not any(n.startswith("the rounding probe counted") for n in report.notes)
+
+
 class _HoldsGroup(torch.nn.Module):
     """A Megatron-style module: it keeps its process group (which cannot be deep-copied)."""
 

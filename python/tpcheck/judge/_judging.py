@@ -14,6 +14,7 @@ from ._checks import buffers, check_buffers_unchanged
 from ._gemm import GemmTrace, choose_math
 from ._group import portable
 from ._module_truth import ModuleTruth, module_truth
+from ._nominal import unit_roundoff
 from ._report import TPReport
 from ._runs import input_gradients, leaf_inputs
 
@@ -109,6 +110,14 @@ def _note_truth(report: TPReport, truth: ModuleTruth) -> None:
         count = sum(r["count"] for r in truth.lifted)
         report.notes.append(f"the truth kept float64 through {count} casts below it "
                             f"({', '.join(ops)}): truth_lifted lists where")
+    run = getattr(torch, truth.probe_dtype) if truth.probe_dtype is not None else None
+    finer = {d: n for d, n in truth.probed.items()
+             if run is not None and unit_roundoff(getattr(torch, d)) < unit_roundoff(run)}
+    if finer:
+        counts = ", ".join(f"{n} in {d}" for d, n in sorted(finer.items()))
+        report.notes.append(f"the rounding probe counted op results at the precision the "
+                            f"real run computes them in ({counts}; the others in "
+                            f"{truth.probe_dtype}, the noise's unit)")
     for r in truth.references:
         report.notes.append(f"the truth used the float64 reference of {r['kind']} {r['target']} "
                             f"({r['calls']} calls)")
