@@ -6,7 +6,8 @@ keeps in .deps/wheels (--no-index --find-links). The build is told to take nothi
 system (TPCHECK_DEPS=bundled) and CMake ignores /, /usr and /usr/local
 (CMAKE_IGNORE_PREFIX_PATH; / because Debian's /lib is /usr/lib); CUDA is off (CI machines have nvcc: a CUDA build takes too long
 here). Then it checks what came out:
-  * the name's tag is manylinux_X_Y for this machine's glibc, and the file is at most 10 MB;
+  * the name's tag is manylinux_X_Y for this machine's glibc (pip for an older glibc refuses
+    it), and the file is at most 10 MB;
   * the module and the OpenBLAS library it carries need no shared library but glibc's,
     libstdc++ and libgcc (readelf's NEEDED, ldd from the installed wheel, RUNPATH $ORIGIN),
     and no glibc symbol version newer than the tag; debug information is out;
@@ -301,6 +302,17 @@ def test_wheel_tag_size_and_contents(wheel):
     assert any(re.fullmatch(r"tpcheck/_tpcheck\.cpython-3\d+-x86_64-linux-gnu\.so", n) for n in names)
     assert any(n.endswith("/_hook/sitecustomize.py") for n in names)  # emulate's start-up hook
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_pip_refuses_it_where_glibc_is_older(wheel, tmp_path):
+    # pip on a machine whose glibc is one minor older: "not a supported wheel", nothing installed.
+    major, minor = glibc_version()
+    pip = [wheel["tmp"] / "build-venv" / "bin" / "python", "-m", "pip", "install", "--dry-run",
+           "--no-deps", "--no-index", "--only-binary=:all:", "--target", tmp_path / "t"]
+    older = run([*pip, "--platform", f"manylinux_{major}_{minor - 1}_x86_64", wheel["path"]], check=False)
+    assert older.returncode != 0 and "is not a supported wheel on this platform" in older.stdout, older.stdout
+    same = run([*pip, "--platform", f"manylinux_{major}_{minor}_x86_64", wheel["path"]])
+    assert "Would install tpcheck-0.1.0" in same.stdout, same.stdout
 
 
 def test_no_system_header_was_read(wheel):
