@@ -4,8 +4,8 @@ The wheel test builds the package as a user would, in a fresh virtual environmen
 pip's build isolation, offline: the build requirements are the wheel files scripts/setup.sh
 keeps in .deps/wheels (--no-index --find-links). The build is told to take nothing from the
 system (TPCHECK_DEPS=bundled) and CMake ignores /, /usr and /usr/local
-(CMAKE_IGNORE_PREFIX_PATH; / because Debian's /lib is /usr/lib); CUDA is off (CI machines have nvcc: a CUDA build takes too long
-here). Then it checks what came out:
+(CMAKE_IGNORE_PREFIX_PATH; / because Debian's /lib is /usr/lib). CUDA is off: CI machines
+have nvcc, and a CUDA build would add 2 CPU-minutes. Then it checks what came out:
   * the name's tag is manylinux_X_Y for this machine's glibc (pip for an older glibc refuses
     it), and the file is at most 10 MB;
   * the module and the OpenBLAS library it carries need no shared library but glibc's,
@@ -24,8 +24,8 @@ stops at configure naming what is missing; the CUDA loader (src/backend/cuda/
 cuda_libraries.cpp as a wheel builds it) against this machine's cuBLASLt and NCCL, and its
 message when one cannot be loaded.
 
-The wheel build is about 3.6 CPU-minutes (2 minutes on 2 idle cores; bench/RESULTS.md);
-TPCHECK_TEST_WHEEL=0 leaves the wheel out.
+The whole file is about 3.5 CPU-minutes, 2 minutes on 2 cores (bench/RESULTS.md), most of
+it the wheel's build; TPCHECK_TEST_WHEEL=0 leaves the wheel out.
 """
 
 from __future__ import annotations
