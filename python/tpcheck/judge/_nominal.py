@@ -38,7 +38,7 @@ probe had) unless noted:
   f32) round once at their output's dtype, as the probe models; statistics outputs
   (layer norm's mean and rstd, f32 in the real run) count at their input's dtype;
 - autocast: it leaves float64 tensors alone, so ops it would run in bf16 stay nominally
-  at their inputs' dtype (f32 for an f32 model): the run dtype, as before;
+  at their inputs' dtype (f32 for an f32 model): the run dtype, as a uniform probe has it;
 - the rounding of an invisible cast itself (f32 → bf16 at a region's end) is not
   perturbed; the op after it is, at bf16 (this one errs towards a smaller floor).
 """
