@@ -8,7 +8,8 @@ src/comm/comm.cpp).
         the `schema` of each report and ledger
     DTYPES          tpcheck's dtype names ("f64", "f32", "f16", "bf16", "f8e4m3", ...)
     DTYPE_OF        the array libraries' names → tpcheck's ("float32" → "f32", "half" → "f16")
-    COMM_ORDERS     the orders a group may add in ("nccl-ring", "rank"; docs/RUNNING.md)
+    COMM_ORDERS     the orders a group may add in ("nccl-ring", "rank"; docs/RUNNING.md),
+                    each also by name: COMM_ORDER_NCCL_RING, COMM_ORDER_RANK
     PROBE_U         the rounding probe's relative perturbation (2⁻³⁰)
 """
 
@@ -36,6 +37,8 @@ SCHEMA_COMPARE_TP: str = _shared["schemas"]["compare_tp"]
 
 DTYPES: tuple[str, ...] = tuple(_shared["dtypes"])
 COMM_ORDERS: tuple[str, ...] = tuple(_shared["comm_orders"])
+COMM_ORDER_NCCL_RING: str = _shared["comm_order_names"]["nccl_ring"]
+COMM_ORDER_RANK: str = _shared["comm_order_names"]["rank"]
 PROBE_U: float = _shared["probe_u"]
 
 # The names PyTorch, numpy, JAX and ml_dtypes give the same formats (and the C names).

@@ -394,6 +394,9 @@ nb::dict shared_names() {
   schemas["emulate"] = std::string(n::kEmulateSchema);
   schemas["compare_tp"] = std::string(n::kCompareTpSchema);
   nb::list dtypes, orders;
+  nb::dict order_names;
+  order_names["nccl_ring"] = std::string(tpcheck::comm_order_name(tpcheck::CommOrder::kNcclRing));
+  order_names["rank"] = std::string(tpcheck::comm_order_name(tpcheck::CommOrder::kRank));
   for (tpcheck::DType d : {tpcheck::DType::kF64, tpcheck::DType::kF32, tpcheck::DType::kF16,
                            tpcheck::DType::kBF16, tpcheck::DType::kF8E4M3, tpcheck::DType::kF8E5M2,
                            tpcheck::DType::kF4E2M1, tpcheck::DType::kF8E8M0}) {
@@ -407,6 +410,7 @@ nb::dict shared_names() {
   out["schemas"] = schemas;
   out["dtypes"] = dtypes;
   out["comm_orders"] = orders;
+  out["comm_order_names"] = order_names;
   out["probe_u"] = n::kProbeU;
   return out;
 }

@@ -31,14 +31,14 @@ import os
 import uuid
 
 from .._errors import RunError
-from .._names import COMM_ORDERS, check_comm_order
+from .._names import COMM_ORDER_NCCL_RING, COMM_ORDER_RANK, check_comm_order
 
 EMULATE_ENV = "TPCHECK_EMULATE"
 JOB_ENV = "TPCHECK_EMULATE_JOB"
 ORDER_ENV = "TPCHECK_COMM_ORDER"
 TRACE_ENV = "TPCHECK_TRACE_DIR"
-# The two orders by name: shared_names() (src/python/bindings.cpp) lists NCCL's ring first.
-NCCL_RING, RANK_ORDER = COMM_ORDERS
+# The two orders by name (shared_names(), src/python/bindings.cpp).
+NCCL_RING, RANK_ORDER = COMM_ORDER_NCCL_RING, COMM_ORDER_RANK
 NO_JOB = "nojob"
 
 
