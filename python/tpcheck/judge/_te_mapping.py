@@ -1,4 +1,4 @@
-"""From a TransformerEngine module to tpcheck's own layer (issue 43, item 2).
+"""From a TransformerEngine module to tpcheck's own layer.
 
 tpcheck re-implements TransformerEngine's layers (docs/LAYERS.md) and computes their
 float64 truth (tpcheck.layer_truth). This module reads a TE module's configuration and
