@@ -64,7 +64,7 @@ _GATED = ("geglu", "swiglu")
 # Userbuffers communication-GEMM overlap flags as TE stores them after construction
 # (Linear/LayerNormLinear keep the per-GEMM ones, LayerNormMLP the constructor's). The
 # overlapped GEMMs split and reorder the products and reductions in ways tpcheck's layers
-# do not model, and the issue asks for a clear error (issue 43, "Bad input").
+# do not model, so they are refused with a clear error rather than given a wrong truth.
 _UB_FLAGS = ("ub_overlap_ag_fprop", "ub_overlap_rs_fprop", "ub_overlap_ag_dgrad",
              "ub_overlap_rs_dgrad", "ub_bulk_dgrad", "ub_bulk_wgrad",
              "ub_overlap_ag", "ub_overlap_rs")
@@ -116,10 +116,10 @@ class TeLayerSpec:
 
 def check_te_version(version: Optional[str]) -> None:
     """Warn (UserWarning, naming both versions) when `version` is not the TransformerEngine
-    version this mapping was checked against (TE_CHECKED_VERSION). "Checked" means today:
-    the attribute names, parameter names, sharding attributes and refused options were
-    read from that release's Python sources; the mapping has not yet been run against TE
-    modules on a GPU (issue 43 item 3 will). None (version unknown) warns too."""
+    version this mapping was checked against (TE_CHECKED_VERSION). "Checked" means: the
+    attribute names, parameter names, sharding attributes and refused options were read
+    from that release's Python sources; the mapping has not been run against TE modules on
+    a GPU. None (version unknown) warns too."""
     if version is None or str(version) != TE_CHECKED_VERSION:
         warnings.warn(f"TransformerEngine {version if version is not None else '(unknown version)'}: "
                       f"tpcheck's mapping of TE modules was checked against TE "
