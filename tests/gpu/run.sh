@@ -449,8 +449,9 @@ fi
 # Stage te (not in the default set; issue 43 item 1): TransformerEngine's own distributed
 # numerics test, tests/pytorch/distributed/run_numerics.py exactly as TE ships it, under
 # `tpcheck emulate` with every rank on this one GPU. Needs the wheel in .devrun/ (as the
-# emulate stage) and the TE bundle (../shared/te: install.sh, te_bundle.tar.xz, SHA256SUMS,
-# wheels/) copied into a git-ignored folder that the device call carries, .te/ by default
+# emulate stage) and a TransformerEngine 2.20 bundle for one Hopper GPU (install.sh,
+# te_bundle.tar.xz with the installed package and TE's distributed tests, SHA256SUMS, the
+# pure-Python wheels/ TE imports) copied into a git-ignored folder that the device call carries, .te/ by default
 # (TPCHECK_TE_BUNDLE). The bundle is installed into /tmp/te (TE_DEST, install.sh's own knob)
 # once per machine (again with TPCHECK_TE_REINSTALL=1). A row per run: TE's own "Passed test" lines, the exit status,
 # the seconds. Knobs, to split the stage over device calls of at most 10 minutes:
@@ -469,7 +470,7 @@ stage_te() (
   fi
   if [ ! -f "$te_home/env.sh" ] || [ "${TPCHECK_TE_REINSTALL:-0}" = 1 ]; then
     if [ ! -f "$bundle/install.sh" ]; then
-      row "te" "no TE bundle in $bundle: copy ../shared/te (install.sh, te_bundle.tar.xz, SHA256SUMS, wheels/) there and carry it" ""
+      row "te" "no TE bundle in $bundle: copy the TE bundle (install.sh, te_bundle.tar.xz, SHA256SUMS, wheels/) there and carry it" ""
       return
     fi
     timed "te: install the bundle (TE 2.20.2, sm_90)" te_install.log env TE_SKIP_SMOKE=1 bash "$bundle/install.sh"
