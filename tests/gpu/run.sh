@@ -6,7 +6,7 @@
 # Here:   cmake --build build && tests/gpu/pack.sh build
 # There:  (device tool, carry [".devrun"])  bash tests/gpu/run.sh [stage ...]
 # Stages (default: all): info tests suite fused badinput mutations recipes bench; also, not in
-# the default set: bits (this build's JSON reports against TPCHECK_OLD's), emulate
+# the default set: wheel (the wheel's CUDA backend, see below), bits (this build's JSON reports against TPCHECK_OLD's), emulate
 # (tpcheck emulate with CUDA tensors; needs the wheel in .devrun/), and, not in
 # the default set: kernels (each kernel's time in the layer benchmark's step, by ncu), recipe_mutations (each recipe's mutation table at TP 2, 4, 8), production (the te suite at production shapes, TP 8 emulated), profile
 # (stack samples of its TransformerLayer cases), pytorch
@@ -32,6 +32,14 @@ export LD_LIBRARY_PATH="$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cudnn_lib="$(python3 -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)"
 [ -d "$cudnn_lib" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn_lib"
 bin="$root/.devrun/tpcheck"
+# Without pack.sh's archive (a call that carries only the wheel, e.g. beside the TE bundle,
+# which leaves no room for the test binaries under the carry limit), the wheel's own program
+# stands in for it: `python3 -m tpcheck` is the same command line, usable once the wheel is
+# installed (python_package below).
+if [ ! -x "$bin" ]; then
+  bin="${TMPDIR:-/tmp}/tpcheck-from-wheel"
+  printf '#!/bin/sh\nexec python3 -m tpcheck "$@"\n' >"$bin" && chmod +x "$bin"
+fi
 stages="${*:-info tests suite fused badinput mutations recipes bench}"
 # TPCHECK_GPU_FILTER: a --filter regex for the suite and mutation stages (default: all).
 filter=(); [ -n "${TPCHECK_GPU_FILTER:-}" ] && filter=(--filter "$TPCHECK_GPU_FILTER")
@@ -83,6 +91,27 @@ if has info; then
     ldd "$bin"
   } >"$out/machine.txt" 2>&1
   row "GPU" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" ""
+fi
+
+# Stage wheel (not in the default set): the wheel built on the CPU machine, as a PyTorch user
+# gets it (pip install, no build tools here), runs the CUDA backend: a suite case on cuBLASLt
+# and NCCL found at run time (the report's cuda_versions say which), and a missing cuBLASLt
+# gives the loader's message and exit status 2, not a crash.
+if has wheel; then
+  if python_package; then
+    timed "wheel: te suite case, cuda, TP 2 (python3 -m tpcheck)" wheel_cuda.log \
+      python3 -m tpcheck run --suite te --tp 2 --backend cuda --filter '^Linear\.column\.sp0\.default$' \
+      --json "$out/wheel_cuda.json"
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); e = r.get("environment", {})
+print("cuda_versions:", json.dumps(e.get("cuda_versions")))' "$out/wheel_cuda.json" >>"$out/wheel_cuda.log" 2>&1
+    row "wheel: what the CUDA backend loaded" "$(tail -n 1 "$out/wheel_cuda.log" | tr '|' '/')" ""
+    timed "wheel: TPCHECK_CUBLASLT_LIBRARY=/nonexistent (expect status 2, the loader's message)" wheel_missing_lib.log \
+      bash -c 'env TPCHECK_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13 python3 -m tpcheck run --suite te \
+        --tp 2 --backend cuda --filter "^Linear\.column\.sp0\.default$"; echo "exit status $?"'
+    head -n 5 "$out/wheel_missing_lib.log" >>"$out/failures.txt"
+  else
+    row "wheel" "$no_wheel" ""
+  fi
 fi
 
 if has tests; then
@@ -335,6 +364,9 @@ if has emulate; then
     # launch fills it, the timed ones later in this stage read it.
     unset PYTHONDONTWRITEBYTECODE
     export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/tpcheck-pycache"
+    # TPCHECK_EMULATE_PARTS: which parts run (default all): collectives, examples, bench.
+    emulate_parts=" ${TPCHECK_EMULATE_PARTS:-collectives examples bench} "
+    if [[ "$emulate_parts" == *" collectives "* ]]; then
     # Staged (--no-mps: the ranks take turns on the GPU), then under MPS, the default launch
     # wherever ranks share a GPU (its first line, in each log, says which mode ran).
     for n in 2 4 8; do
@@ -376,6 +408,8 @@ if has emulate; then
              emulate_collectives_rank_mps emulate_collectives_scalar emulate_collectives_scalar_split; do
       grep -E "ALL OK|Error|error" "$out/$f.log" | head -5 >>"$out/failures.txt"
     done
+    fi
+    if [[ "$emulate_parts" == *" examples "* ]]; then
     timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
       python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
     # --trace's GEMM half: cuBLASLt logs of a TP 1 and a TP 4 launch, and tpcheck diff.
@@ -386,6 +420,9 @@ if has emulate; then
        '$bin' diff '$out/trace1/ledger.json' '$out/trace4/ledger.json'; echo diff status \$?"
     timed "emulate: TF32 investigation example, TP 4" emulate_tf32.log \
       python3 -m tpcheck emulate -n 4 -- "$root/examples/tf32_investigation.py"
+    cat "$out/emulate_example.log" "$out/emulate_tf32.log" >>"$out/failures.txt"
+    fi
+    if [[ "$emulate_parts" == *" bench "* ]]; then
     # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:
     # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
     timed "emulate: bench, TP 8, --no-mps" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8 --no-mps
@@ -394,8 +431,8 @@ if has emulate; then
       python3 "$root/bench/emulate_bench.py" --tp 8 --parts mlp coll
     timed "compare_tp: bench, TP 2 and 8, --mps" compare_bench.log \
       python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3 --mps
-    cat "$out/emulate_example.log" "$out/emulate_tf32.log" "$out/emulate_bench.log" \
-      "$out/emulate_bench_mps.log" "$out/compare_bench.log" >>"$out/failures.txt"
+    cat "$out/emulate_bench.log" "$out/emulate_bench_mps.log" "$out/compare_bench.log" >>"$out/failures.txt"
+    fi
   else
     row "emulate" "$no_wheel" ""
   fi
@@ -457,13 +494,17 @@ fi
 # the seconds. Knobs, to split the stage over device calls of at most 10 minutes:
 #   TPCHECK_TE_QUANT   quantizations (default: every one TE runs on Hopper:
 #                      none fp8 fp8_cs fp8_block_scaling; "none" runs without --quantization)
+#   TPCHECK_TE_TP      TP sizes of the default (MPS) launches (default: 2 4)
+#   TPCHECK_TE_NOMPS   1 (default): also TP 4 with --no-mps, for the wall time without MPS
 #   TPCHECK_TE_PARTS   numerics (TP 2 and 4 under MPS, the default launch; TP 4 --no-mps),
-#                      trace (fp32: TP 1 and TP 4 with --trace, tpcheck diff); default both
+#                      trace (fp32: TP 1 and TP 4 with --trace, tpcheck diff), modules (TE's
+#                      modules against tpcheck's float64 truth, tests/gpu/te_modules.py);
+#                      default all three
 # MXFP8 and NVFP4 need Blackwell: their rows are TE's own availability answers.
 stage_te() (
   local bundle="${TPCHECK_TE_BUNDLE:-$root/.te}" te_home="${TE_DEST:-/tmp/te}" quant parts te_dir
   quant="${TPCHECK_TE_QUANT:-none fp8 fp8_cs fp8_block_scaling}"
-  parts="${TPCHECK_TE_PARTS:-numerics trace}"
+  parts="${TPCHECK_TE_PARTS:-modules numerics trace}"
   if ! python_package; then
     row "te" "$no_wheel" ""
     return
@@ -502,26 +543,37 @@ EOF
     row "te: import transformer_engine.pytorch" "failed: $(tail -n 1 "$out/te_availability.log" | tr '|' '/')" ""
 
   # te_run NAME LOG -n N [launcher options] -- [run_numerics.py options]: one launch from TE's
-  # test folder (run_numerics.py imports run_layer_with_overlap.py beside it), at most 300 s.
+  # test folder (run_numerics.py imports run_layer_with_overlap.py beside it), at most
+  # TPCHECK_TE_TIMEOUT seconds (default 300).
   te_run() {
     local name="$1" log="$2" start end rc
     shift 2
     start=$(date +%s.%N)
-    (cd "$te_dir" && timeout 300 python3 -m tpcheck emulate "$@") >"$out/$log" 2>&1
+    (cd "$te_dir" && timeout "${TPCHECK_TE_TIMEOUT:-300}" python3 -m tpcheck emulate "$@") >"$out/$log" 2>&1
     rc=$?
     end=$(date +%s.%N)
     row "$name" "rc=$rc, $(grep -c "Passed test" "$out/$log") Passed test; $(head -n 1 "$out/$log" | sed 's/^tpcheck emulate: //' | tr '|' '/')" \
       "$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}')"
     grep -E "NUMERICAL CHECK FAILED|Error|error:" "$out/$log" | head -5 >>"$out/failures.txt"
   }
+  if [[ " $parts " == *" modules "* ]]; then
+    # TE's modules (one GPU, float32) against tpcheck's float64 truth of the mapped layer.
+    timed "te: TE modules vs tpcheck's float64 truth (te_modules.py)" te_modules.log \
+      python3 "$root/tests/gpu/te_modules.py" --out "$out/te_modules.json"
+    cat "$out/te_modules.log" >>"$out/failures.txt"
+  fi
   local q qarg
   if [[ " $parts " == *" numerics "* ]]; then
+    local n
     for q in $quant; do
       qarg=(); [ "$q" != none ] && qarg=(--quantization "$q")
-      te_run "te: run_numerics $q, TP 2" "te_numerics_${q}_tp2.log" -n 2 -- run_numerics.py "${qarg[@]}"
-      te_run "te: run_numerics $q, TP 4" "te_numerics_${q}_tp4.log" -n 4 -- run_numerics.py "${qarg[@]}"
-      te_run "te: run_numerics $q, TP 4, --no-mps" "te_numerics_${q}_tp4_nomps.log" -n 4 --no-mps -- \
-        run_numerics.py "${qarg[@]}"
+      for n in ${TPCHECK_TE_TP:-2 4}; do
+        te_run "te: run_numerics $q, TP $n" "te_numerics_${q}_tp$n.log" -n "$n" -- run_numerics.py "${qarg[@]}"
+      done
+      if [ "${TPCHECK_TE_NOMPS:-1}" = 1 ]; then
+        te_run "te: run_numerics $q, TP 4, --no-mps" "te_numerics_${q}_tp4_nomps.log" -n 4 --no-mps -- \
+          run_numerics.py "${qarg[@]}"
+      fi
     done
   fi
   if [[ " $parts " == *" trace "* ]]; then
