@@ -64,7 +64,8 @@ FORWARD_ONLY = [("none", 101), ("dropped-allreduce", 7), ("rescale", 7), ("shard
 def _jobs() -> list[dict]:
     jobs = [dict(kind=k, bug="none", seed=s) for k in KINDS for s in HELD_OUT_SEEDS]
     jobs += [dict(kind=k, bug=b, seed=7) for k, b in BUGS]
-    jobs += [dict(kind="replica", bug="rank1-output-scaled", seed=7)]
+    jobs += [dict(kind="replica", bug=b, seed=7)
+             for b in ("rank1-output-scaled", "rank1-output-one-ulp", "rank1-output-one-ulp-judge")]
     jobs += [dict(kind="megatron-fwd", bug=b, seed=s) for b, s in FORWARD_ONLY]
     jobs += [dict(kind="bad-input", bug=b, seed=0) for b in BAD_INPUTS]
     jobs += [dict(kind="megatron", bug="none", seed=AFTER_BAD_SEED)]
@@ -145,6 +146,25 @@ def test_a_replica_that_differs_on_one_rank_is_judged_on_every_rank(tp_results):
         assert not copy_entry["verdicts"]["truth"]["passed"]
         assert "output (rank 1's copy)" in r["failing"]
         assert not any(name.endswith(f"(rank {q}'s copy)") for name in entries for q in range(2, n))
+
+
+def test_a_replica_one_ulp_off_fails_unless_replicas_judge(tp_results):
+    """Rank 1's copy of the replicated output differs from rank 0's in one element by one
+    ulp: within the truth's bound, but a replicated tensor is one tensor, so the copy fails
+    its "replica" verdict (naming the element); with replicas="judge" only the policy's
+    verdict counts and the run passes."""
+    n, ranks = tp_results
+    for r in _by_job(ranks)[("replica", "rank1-output-one-ulp", 7)]:
+        entries = {e["name"]: e for e in r["report"]["tensors"]}
+        copy_entry = entries["output (rank 1's copy)"]
+        assert copy_entry["verdicts"]["truth"]["passed"]
+        replica = copy_entry["verdicts"]["replica"]
+        assert not replica["passed"] and "1 of 16384 elements" in replica["reason"], replica
+        assert r["failing"] == ["output (rank 1's copy)"], r["failing"]
+    for r in _by_job(ranks)[("replica", "rank1-output-one-ulp-judge", 7)]:
+        entries = {e["name"]: e for e in r["report"]["tensors"]}
+        assert "replica" not in entries["output (rank 1's copy)"]["verdicts"]
+        assert r["passed"], r["failing"]
 
 
 def test_forward_only_on_every_rank(tp_results):
@@ -270,6 +290,8 @@ def test_options_object_and_keywords(one_rank_group):
     tight = compare_tp(single, scaled, (x,), grad_output=dy, policy="allclose", rtol=1e-4, atol=0)
     loose = compare_tp(single, scaled, (x,), grad_output=dy, policy="allclose", rtol=1e-2, atol=0)
     assert "output" in {f["name"] for f in tight.failures} and loose.passed
+    with pytest.raises(tpcheck.InputError, match=r"replicas='exact'; expected one of \['identical', 'judge'\]"):
+        compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy, replicas="exact")
 
 
 # --- forward only, casts, modules that cannot be copied (one rank) ----------------------

@@ -134,9 +134,16 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
         sp = kind == "megatron-sp"
         single = L.MLP(hidden, ffn)
         sharded = L.TPMLP(single, sequence_parallel=sp)
-        if kind == "replica" and dist.get_rank() == 1:
+        if kind == "replica" and dist.get_rank() == 1 and bug == "rank1-output-scaled":
             # rank 1's copy of the replicated output is off by 1 %; rank 0's is right
             sharded.register_forward_hook(lambda mod, inp, out: out * 1.01)
+        elif kind == "replica" and dist.get_rank() == 1:
+            # rank 1's copy: one element one ulp up, far inside any rounding bound
+            def one_ulp(mod, inp, out):
+                bumped = out.clone()
+                bumped.view(-1)[5] = torch.nextafter(out.view(-1)[5], torch.tensor(float("inf")))
+                return out + (bumped - out).detach()
+            sharded.register_forward_hook(one_ulp)
         x = torch.randn(seq, batch, hidden)
         dy = torch.randn(seq, batch, hidden)
         dims = {"input": 0} if sp else {}
@@ -160,7 +167,8 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
         dy = None  # forward only: an inference TP check
     try:
         report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=dims,
-                            output_dims=out_dims, policy=policy)
+                            output_dims=out_dims, policy=policy,
+                            replicas="judge" if bug.endswith("-judge") else "identical")
     finally:
         undo()
         L.BUG = "none"

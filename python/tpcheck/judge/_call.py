@@ -18,9 +18,11 @@ from ._module_truth import ModuleTruth
 from ._naming import named_tensors
 from ._runs import backward_from
 
-__all__ = ["CompareOptions", "Call", "Clock", "options_from", "forward_backward"]
+__all__ = ["CompareOptions", "Call", "Clock", "options_from", "forward_backward", "REPLICA_MODES"]
 
 WHO = "compare_tp"
+# compare_tp's replicas= values (CompareOptions.replicas).
+REPLICA_MODES = ("identical", "judge")
 
 
 @dataclass
@@ -34,7 +36,9 @@ class CompareOptions:
     policy's error
     model: unit_roundoff, math, reduction_length, tp_size, multiplier, floor_factor. The
     truth: probe, strict_truth (refuse casts below float64 instead of lifting them),
-    truth (a precomputed module truth). check_parameters, trace_gemms."""
+    truth (a precomputed module truth). check_parameters, trace_gemms. replicas: what a
+    replicated tensor's copies that differ between ranks are ("identical": a failure of
+    their own, beside the policy's verdict; "judge": only the policy's verdict)."""
 
     grad_output: Any = None
     backward: Optional[bool] = None
@@ -56,6 +60,7 @@ class CompareOptions:
     truth: Optional[ModuleTruth] = None
     check_parameters: bool = True
     trace_gemms: Optional[bool] = None
+    replicas: str = "identical"
 
     def __post_init__(self) -> None:
         self.shards = dict(self.shards or {})

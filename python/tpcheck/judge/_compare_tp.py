@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .._errors import InputError
 from .._names import REPORT_KIND_INPUT_GRADIENT, REPORT_KIND_OUTPUT, REPORT_KIND_PARAMETER_GRADIENT
-from ._call import WHO, Call, Clock, CompareOptions, forward_backward, options_from
+from ._call import REPLICA_MODES, WHO, Call, Clock, CompareOptions, forward_backward, options_from
 from ._checks import (buffers, call_signature, check_buffers_unchanged, check_same_call,
                       first_difference, same_bits)
 from ._gather import (ShardSpec, gather, is_dtensor, is_replica, local_chunk, local_tensor,
@@ -51,6 +51,8 @@ def _local_checks(c: Call) -> dict[str, Any]:
     o = c.opts
     if o.policy not in policies():
         raise InputError(f"{WHO}: unknown policy {o.policy!r}; expected one of {policies()}")
+    if o.replicas not in REPLICA_MODES:
+        raise InputError(f"{WHO}: replicas={o.replicas!r}; expected one of {list(REPLICA_MODES)}")
     c.device = one_device(WHO, c.args, c.kwargs)
     c.single_params = dict(c.single.named_parameters())
     c.sharded_params = dict(c.sharded.named_parameters())
@@ -70,7 +72,8 @@ def _local_checks(c: Call) -> dict[str, Any]:
         raise InputError(f"{WHO}: input_dims names {unknown}; the inputs are {sorted(c.inputs)}")
     return call_signature(c.single, c.sharded, c.inputs, o.grad_output, {
         "policy": o.policy, "shards": o.shards, "input_dims": o.input_dims,
-        "output_dims": o.output_dims, "backward": o.backward, "device type": c.device.type})
+        "output_dims": o.output_dims, "backward": o.backward, "replicas": o.replicas,
+        "device type": c.device.type})
 
 
 def _check_call(c: Call) -> None:
@@ -251,7 +254,13 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     report (`rank` is the caller's) and `assert_ok()` raises the same reason on each.
     `report.raw` is filled on rank 0 only. A replicated tensor (a row-parallel output, a
     replicated bias gradient) is every rank's own copy: copies that differ bitwise from
-    rank 0's are judged too, as entries "<name> (rank r's copy)".
+    rank 0's are judged too, as entries "<name> (rank r's copy)". replicas: "identical"
+    (default) fails such a copy with a verdict of its own ("replica"), whatever the
+    policy says of its error: a collective's result, and the same computation on the
+    same inputs, are bitwise the same on every rank, and a reduction left out or made over
+    part of the group leaves each rank its own (in bf16 often within the policy's bound);
+    "judge" gives copies the policy's verdict only, for code whose replicated tensors come
+    from kernels that are not deterministic.
 
     Error model (truth): u from single's dtype and the GEMM math class: `math` if given,
     else the coarsest class of the GEMMs cuBLASLt ran in the single and sharded runs

@@ -146,8 +146,9 @@ def _judge_parameters(c: Call, report: TPReport, copies: dict) -> None:
 
 
 def _judge_tensors(report: TPReport, pairs: Pairs, truth: Optional[ModuleTruth],
-                   copies: dict, model: dict) -> None:
-    """Every output and gradient (and differing replicated copies) under the policy."""
+                   copies: dict, model: dict, replicas: str) -> None:
+    """Every output and gradient (and differing replicated copies) under the policy; with
+    replicas="identical" a differing copy fails on that alone too."""
     truths = truth.tensors() if truth is not None else {}
     noises = truth.noise.tensors() if truth is not None and truth.noise is not None else {}
     for k, (kind, s, p) in pairs.items():
@@ -157,6 +158,8 @@ def _judge_tensors(report: TPReport, pairs: Pairs, truth: Optional[ModuleTruth],
         for r, copy in copies.get(f"t:{k}", []):
             report.judge(f"{k} (rank {r}'s copy)", kind, s, copy, t, nz, model,
                          extra={"rank": r, "copy_of": k})
+            if replicas == "identical":
+                report.add_replica_verdict(p, copy, r)
 
 
 def _judge(c: Call, payloads: list[dict]) -> TPReport:
@@ -177,7 +180,7 @@ def _judge(c: Call, payloads: list[dict]) -> TPReport:
         _note_truth(report, truth)
     copies = _copies(c, payloads)
     _judge_parameters(c, report, copies)
-    _judge_tensors(report, pairs, truth, copies, model)
+    _judge_tensors(report, pairs, truth, copies, model, c.opts.replicas)
     c.clock.lap("judging")
     report.seconds = c.clock.done()
     return report

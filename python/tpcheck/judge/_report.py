@@ -97,6 +97,26 @@ class TPReport(Result):
                                                       "status": "pass" if same else "fail",
                                                       "reason": reason}}, **(extra or {})})
 
+    def add_replica_verdict(self, rank0_copy: torch.Tensor, copy: torch.Tensor, rank: int) -> None:
+        """The last entry (rank `rank`'s copy of a replicated tensor, which differs bitwise
+        from rank 0's) gets a failing "replica" verdict beside the policy's: how many
+        elements differ, and by how much."""
+        a, b = rank0_copy.detach().double(), copy.detach().to(rank0_copy.device).double()
+        differs = a.ne(b) & ~(a.isnan() & b.isnan())
+        # |a - b| where they differ (inf where one side is NaN), 0 elsewhere
+        diff = torch.where(differs, (a - b).abs().nan_to_num(nan=float("inf")), 0.0)
+        at = int(diff.argmax()) if diff.numel() else 0
+        idx = [int(i) for i in torch.unravel_index(torch.tensor(at), diff.shape)] if diff.numel() else []
+        reason = (f"rank {rank}'s copy of this replicated tensor differs from rank 0's: "
+                  f"{int(differs.sum())} of {diff.numel()} elements, first largest at {idx} "
+                  f"(|diff| {diff.max().item():.3g}, |rank 0's| there "
+                  f"{a.abs().flatten()[at].item():.3g}); "
+                  "a collective's result, or the same computation on the same inputs, is the "
+                  "same on every rank, so a reduction was left out or made over part of the "
+                  "group (replicas='judge' if kernels that are not deterministic made it)")
+        self.entries[-1]["verdicts"]["replica"] = {"passed": False, "status": "fail",
+                                                   "reason": reason}
+
     def judge(self, name: str, kind: str, single: torch.Tensor, sharded: torch.Tensor,
               truth: Optional[torch.Tensor], noise: Optional[torch.Tensor],
               model: dict[str, Any], extra: Optional[dict] = None) -> None:
