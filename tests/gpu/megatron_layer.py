@@ -206,7 +206,35 @@ def megatron_job(j: dict, groups: dict, device) -> list[dict]:
                                     for e in report.failures][:3],
                         "seconds": report.seconds,
                         "compare_seconds": round(time.perf_counter() - t, 3)})
+    if dist.get_rank() == 0 and j["bug"] == "none":
+        results[-1]["reference_seconds"] = _reference_seconds(single, x, mask, dy, device)
     return results
+
+
+def _reference_seconds(single, x, mask, dy, device) -> dict:
+    """Rank 0: what compare_tp's later calls are held to (issue 42): one forward+backward of
+    the unsharded layer and one float64 truth with its probe, in this process, after the
+    compare_tp calls above (so as warm as their later calls)."""
+    import torch
+    from tpcheck.torch import truth
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    xs = x.detach().clone().requires_grad_(True)
+    sync()
+    t = time.perf_counter()
+    out = single(xs, attention_mask=mask)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dy)
+    sync()
+    fwd_bwd = time.perf_counter() - t
+    for p in single.parameters():
+        p.grad = None
+    t = time.perf_counter()
+    truth(single, x, attention_mask=mask, grad_output=(dy, None))
+    sync()
+    return {"fwd_bwd": round(fwd_bwd, 4), "truth_with_probe": round(time.perf_counter() - t, 4)}
 
 
 def rank_main(jobs_path: str, out_dir: str, device_name: str) -> None:
@@ -284,9 +312,11 @@ def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict,
                 "part": part, "tp": n, "dtype": label, "policy": policy, "correct": 0,
                 "correct_passed": 0, "bugs": 0, "bugs_caught": 0, "bugs_on_tensor": 0,
                 "errors": [], "misses": [],
-                "seconds": []})
+                "seconds": [], "reference": []})
             if rank == 0 and "compare_seconds" in r:
                 row["seconds"].append(r["compare_seconds"])
+            if rank == 0 and "reference_seconds" in r:
+                row["reference"].append(sum(r["reference_seconds"].values()))
             bug = r["bug"]
             if bug in ("none", "local-colwise"):
                 row["correct"] += 1
@@ -368,15 +398,16 @@ def driver(args) -> int:
             rows += new
     json.dump(rows, open(os.path.join(out, "summary.json"), "w"), indent=1)
     print("| part | TP | dtype | policy | correct passing | bugs caught (on their tensor) "
-          "| compare_tp s (first / median) | launch |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| compare_tp s (first / median) | fwd+bwd + truth s (median) | launch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ok = True
     for r in rows:
         s = r["seconds"]
         secs = f"{s[0]:.2f} / {statistics.median(s):.2f}" if s else "-"
+        ref = f"{statistics.median(r['reference']):.2f}" if r.get("reference") else "-"
         print(f"| {r['part']} | {r['tp']} | {r['dtype']} | {r['policy']} "
               f"| {r['correct_passed']}/{r['correct']} | {r['bugs_caught']}/{r['bugs']} "
-              f"({r['bugs_on_tensor']}) | {secs} "
+              f"({r['bugs_on_tensor']}) | {secs} | {ref} "
               f"| rc {r['launch_rc']}, {r['launch_s']} s |")
         if r["policy"].startswith("truth") and (r["correct_passed"] < r["correct"]
                                                  or r["bugs_caught"] < r["bugs"]):

@@ -465,12 +465,14 @@ if has models; then
     export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/tpcheck-pycache"
     mcore="${TMPDIR:-/tmp}/tpcheck-megatron"
     whl="$(ls "$root"/.whl/megatron_core-*.whl 2>/dev/null | head -1)"
-    parts="hf"
-    if [ -n "$whl" ] && python3 -m pip install -q --no-deps --target "$mcore" "$whl" >"$out/models_pip.log" 2>&1; then
-      export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$mcore"
-      parts="megatron hf"
-    else
-      row "models: megatron-core" "not installed: no .whl/megatron_core-*.whl or pip failed (models_pip.log)" ""
+    parts="${TPCHECK_MODELS_PARTS:-megatron hf}"   # which parts of megatron_layer.py
+    if [[ " $parts " == *" megatron "* ]]; then
+      if [ -n "$whl" ] && python3 -m pip install -q --no-deps --target "$mcore" "$whl" >"$out/models_pip.log" 2>&1; then
+        export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$mcore"
+      else
+        row "models: megatron-core" "not installed: no .whl/megatron_core-*.whl or pip failed (models_pip.log)" ""
+        parts="${parts/megatron/}"
+      fi
     fi
     models_tp="${TPCHECK_MODELS_TP:-2 4 8}"   # TP sizes (each part: one launch per size)
     # shellcheck disable=SC2086
@@ -478,6 +480,11 @@ if has models; then
       python3 "$root/tests/gpu/megatron_layer.py" --out "$out/models" --parts $parts --tp $models_tp
     cat "$out/models.log" >>"$out/failures.txt"
     cp "$out/models/summary.json" "$out/models_summary.json" 2>/dev/null
+    # issue 42's GPU figure: compare_tp on the tiny Llama at TP 8 beside one unsharded
+    # fwd+bwd and one float64 truth with its probe, in the same process
+    timed "models: compare_tp on the tiny Llama, TP 8, cuda (bench/models_bench.py)" models_bench.log \
+      python3 "$root/bench/models_bench.py" --device cuda --tp 8
+    cat "$out/models_bench.log" >>"$out/failures.txt"
   else
     row "models" "$no_wheel" ""
   fi
