@@ -219,9 +219,12 @@ std::map<std::string, Tensor> wrap_dict(const std::map<std::string, nb::ndarray<
 
 nb::dict truth(const std::string& kind, const std::string& options_json,
                const std::map<std::string, nb::ndarray<>>& params, nb::ndarray<> input,
-               const std::map<std::string, nb::ndarray<>>& grad_outputs, const std::string& device) {
+               const std::map<std::string, nb::ndarray<>>& grad_outputs, const std::string& device,
+               double probe_u, std::uint64_t probe_seed) {
   TruthRequest r;
   r.kind = kind;
+  r.probe_u = probe_u;
+  r.probe_seed = probe_seed;
   r.options = nlohmann::json::parse(options_json);
   r.device = device;
   std::vector<WrappedArray> keep;
@@ -454,7 +457,9 @@ NB_MODULE(_tpcheck, m) {
         "reduction_length"_a, "tp_size"_a, "multiplier"_a, "floor_factor"_a, "name"_a,
         "Statistics and verdict of sharded against single (and the fp64 truth), as a dict.");
   m.def("truth", &truth, "kind"_a, "options_json"_a, "params"_a, "input"_a, "grad_outputs"_a,
-        "device"_a, "fp64 outputs and gradients of tpcheck's implementation of a layer.");
+        "device"_a, "probe_u"_a = 0.0, "probe_seed"_a = 0,
+        "fp64 outputs and gradients of tpcheck's implementation of a layer (probe_u > 0: "
+        "under the rounding probe).");
   m.def("layer_parameters", &layer_parameters, "kind"_a, "options_json"_a,
         "The layer's parameters as (name, shape), in its documented order.");
   m.def("run_options", &run_options, "tpcheck.run's options, from the run options' table.");

@@ -32,7 +32,8 @@ struct Built {
   std::unique_ptr<AnyLayer> layer;
 };
 
-Built build(const std::string& kind, const nlohmann::json& options, const std::string& device) {
+Built build(const std::string& kind, const nlohmann::json& options, const std::string& device,
+            double probe_u = 0, std::uint64_t probe_seed = 0) {
   Built b;
   if (device == "cpu") {
     b.backend = make_cpu_backend();
@@ -41,6 +42,10 @@ Built build(const std::string& kind, const nlohmann::json& options, const std::s
     CudaBackendOptions o;
     o.allow_tf32 = false;
     b.backend = make_cuda_backend(o);
+  }
+  if (probe_u > 0) {
+    TPCHECK_CHECK_INPUT(probe_u < 1, "probe_u {}: expected 0 (no probe) or 0 < u < 1", probe_u);
+    b.backend = make_rounding_probe_backend(std::move(b.backend), probe_u, probe_seed);
   }
   b.comm = make_single_communicator();
   ModuleContext ctx;
@@ -89,7 +94,8 @@ TruthResult compute_truth(const TruthRequest& r) {
   for (const auto& [name, t] : r.grad_outputs) given_grads[name] = f64_on(t, Device::kCpu);
   const Tensor x_host = f64_on(r.input, Device::kCpu);
 
-  Built b = build(r.kind, r.options, r.device);
+  TPCHECK_CHECK_INPUT(r.probe_u >= 0, "probe_u {}: expected 0 (no probe) or 0 < u < 1", r.probe_u);
+  Built b = build(r.kind, r.options, r.device, r.probe_u, r.probe_seed);
   const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
   std::vector<Parameter*> params = b.layer->parameters();
 

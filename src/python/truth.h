@@ -27,6 +27,10 @@ struct TruthRequest {
   // "layernorm_output"); empty: forward only. A returned tensor without one gets zeros.
   std::map<std::string, Tensor> grad_outputs;
   std::string device = "cpu";  // "cpu" or "cuda" (GPU 0)
+  // The rounding probe (make_rounding_probe_backend): 0 runs the plain f64 truth; u > 0
+  // perturbs every value the layer's ops store by (1 + u·r), r from `probe_seed`'s stream.
+  double probe_u = 0;
+  std::uint64_t probe_seed = 0;
 };
 
 struct TruthResult {

@@ -505,13 +505,14 @@ fi
 #   TPCHECK_TE_NOMPS   1 (default): also TP 4 with --no-mps, for the wall time without MPS
 #   TPCHECK_TE_PARTS   numerics (TP 2 and 4 under MPS, the default launch; TP 4 --no-mps),
 #                      trace (fp32: TP 1 and TP 4 with --trace, tpcheck diff), modules (TE's
-#                      modules against tpcheck's float64 truth, tests/gpu/te_modules.py);
-#                      default all three
+#                      modules against tpcheck's float64 truth, tests/gpu/te_modules.py),
+#                      compare (compare_tp on TE's modules, tests/gpu/te_compare_tp.py);
+#                      default all four
 # MXFP8 and NVFP4 need Blackwell: their rows are TE's own availability answers.
 stage_te() (
   local bundle="${TPCHECK_TE_BUNDLE:-$root/.te}" te_home="${TE_DEST:-/tmp/te}" quant parts te_dir
   quant="${TPCHECK_TE_QUANT:-none fp8 fp8_cs fp8_block_scaling}"
-  parts="${TPCHECK_TE_PARTS:-modules numerics trace}"
+  parts="${TPCHECK_TE_PARTS:-modules compare numerics trace}"
   if ! python_package; then
     row "te" "$no_wheel" ""
     return
@@ -568,6 +569,16 @@ EOF
     timed "te: TE modules vs tpcheck's float64 truth (te_modules.py)" te_modules.log \
       python3 "$root/tests/gpu/te_modules.py" --out "$out/te_modules.json"
     cat "$out/te_modules.log" >>"$out/failures.txt"
+  fi
+  if [[ " $parts " == *" compare "* ]]; then
+    # compare_tp on TE's own modules at TP 2 and 4, the truth from tpcheck's layers.
+    local n
+    for n in ${TPCHECK_TE_TP:-2 4}; do
+      timed "te: compare_tp on TE modules, TP $n (te_compare_tp.py)" te_compare_tp$n.log \
+        timeout "${TPCHECK_TE_TIMEOUT:-300}" python3 -m tpcheck emulate -n "$n" -- \
+        "$root/tests/gpu/te_compare_tp.py" "$out/te_compare_tp$n.json"
+      cat "$out/te_compare_tp$n.log" >>"$out/failures.txt"
+    done
   fi
   local q qarg
   if [[ " $parts " == *" numerics "* ]]; then

@@ -21,6 +21,7 @@ Errors stay collective (_group.Group.agree).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import torch
@@ -39,6 +40,7 @@ from ._judging import judge_on_root
 from ._naming import named_inputs, named_tensors
 from ._report import TPReport
 from ._runs import input_gradients, leaf_inputs, one_device
+from ._te_reference import te_gather_strides
 from ._verdict import policies
 
 __all__ = ["compare_tp", "CompareOptions"]
@@ -66,6 +68,10 @@ def _local_checks(c: Call) -> dict[str, Any]:
                          f"in the unsharded module ({sorted(c.single_params)}); expected the "
                          "same parameter names in both")
     c.specs = {k: spec_of_parameter(k, p, o.shards) for k, p in c.sharded_params.items()}
+    for k, stride in te_gather_strides(c.sharded).items():
+        if k in c.specs and c.specs[k].dim is not None:
+            c.specs[k] = dataclasses.replace(c.specs[k], stride=stride,
+                                             source="TE's attributes and layout")
     c.inputs = named_inputs(c.args, c.kwargs)
     unknown = sorted(set(o.input_dims) - set(c.inputs))
     if unknown:

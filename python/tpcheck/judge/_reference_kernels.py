@@ -1,6 +1,8 @@
 """The float64 references tpcheck ships for kernels without a float64 path, written from
 the kernels' documented math: apex's fused layer and RMS norms, and flash-attn's
-attention (`flash_attn_func`: FlashAttnFunc). `shipped_references(sys.modules)` lists the
+attention (`flash_attn_func`: FlashAttnFunc); and for TransformerEngine's Linear,
+LayerNormLinear, LayerNormMLP, LayerNorm and RMSNorm, tpcheck's own layers
+(_te_reference). `shipped_references(sys.modules)` lists the
 (target, fn) pairs of the packages already imported (nothing is imported here).
 """
 
@@ -19,6 +21,9 @@ __all__ = ["shipped_references", "apex_layer_norm", "apex_rms_norm", "flash_atte
 
 _APEX = "apex.normalization.fused_layer_norm"
 _FLASH = "flash_attn.flash_attn_interface"
+_TE = "transformer_engine.pytorch"
+# TE's modules whose float64 reference is tpcheck's own layer (_te_reference)
+_TE_MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm")
 
 
 def apex_layer_norm(module: torch.nn.Module, input: torch.Tensor, *args: Any) -> torch.Tensor:
@@ -118,3 +123,10 @@ def shipped_references(modules: Mapping[str, Any]) -> Iterator[tuple[Any, Callab
     flash = getattr(modules.get(_FLASH), "FlashAttnFunc", None)
     if isinstance(flash, type):
         yield flash, _flash_function_reference(flash)
+    te = modules.get(_TE)
+    if te is not None:
+        from ._te_reference import te_module_reference  # it reads TE's modules duck-typed
+        for name in _TE_MODULES:
+            cls = getattr(te, name, None)
+            if isinstance(cls, type):
+                yield cls, te_module_reference
