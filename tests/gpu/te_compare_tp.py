@@ -46,12 +46,15 @@ CASES = [
      "column", {}, {"output": -1}),
     ("Linear row", lambda dt, **k: te.Linear(2 * H, H, params_dtype=dt, device="cuda", **k),
      "row", {"input": -1}, {}),
+    ("MultiheadAttention LayerNorm GQA causal", lambda dt, **k: te.MultiheadAttention(
+        H, 8, num_gqa_groups=4, input_layernorm=True, attention_dropout=0.0, params_dtype=dt,
+        device="cuda", **k), "mha", {}, {}),
 ]
 
 
 def tp_kwargs(kind):
     k = {"tp_group": dist.group.WORLD, "tp_size": N}
-    if kind == "mlp":
+    if kind in ("mlp", "mha"):
         k["set_parallel_mode"] = True
     else:
         k["parallel_mode"] = kind

@@ -15,7 +15,8 @@ What can fail: a mapping that reads an option wrongly (a norm's zero-centred gam
 activation, a missing bias) or a parameter name it does not know moves a tensor by O(1)
 relative to its size; rounding does not. The bound, 1e-2, is above what float32 with TF32
 GEMMs (u = 2^-11) can reach at these sizes, √K·u ≈ 5.5e-3 for the longest reduction
-(K = 128, the MLP's fc2; the weight gradients sum over 32 tokens). An eps read wrongly
+(K = 128, the MLP's fc2; the weight gradients sum over 32 tokens; the attention's over
+16 keys). An eps read wrongly
 (1e-5 for 1e-6 on unit-variance rows moves a norm by about 4.5e-6) is below it and is not
 what this catches. Exit status 0 when every tensor of every configuration is within it.
 
@@ -47,6 +48,12 @@ CONFIGS = [
      dict(hidden_size=64, ffn_hidden_size=128, normalization="RMSNorm", activation="swiglu")),
     ("LayerNorm", "LayerNorm", dict(hidden_size=64)),
     ("RMSNorm, zero-centred gamma", "RMSNorm", dict(hidden_size=64, zero_centered_gamma=True)),
+    ("MultiheadAttention, LayerNorm, GQA, causal", "MultiheadAttention",
+     dict(hidden_size=64, num_attention_heads=4, num_gqa_groups=2, input_layernorm=True,
+          attention_dropout=0.0)),
+    ("MultiheadAttention, fused interleaved QKV, no mask", "MultiheadAttention",
+     dict(hidden_size=64, num_attention_heads=4, fuse_qkv_params=True, attn_mask_type="no_mask",
+          attention_dropout=0.0)),
 ]
 
 
@@ -70,7 +77,8 @@ def run_config(name: str, te_class: str, kwargs: dict, tokens: int, seed: int) -
         for p in module.parameters():
             p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.5))
     hidden = kwargs.get("in_features", kwargs.get("hidden_size"))
-    x = torch.randn(tokens, hidden, device="cuda", requires_grad=True)
+    # [s, b, hidden]: the attention's layout (sbhd); the other layers treat tokens alike
+    x = torch.randn(tokens // 2, 2, hidden, device="cuda", requires_grad=True)
     start = time.perf_counter()
     y = module(x)
     y = y[0] if isinstance(y, tuple) else y

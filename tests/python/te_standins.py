@@ -160,3 +160,64 @@ def shard_like_te(single, sharded, rank, n):
                 p.copy_(torch.cat([a.chunk(n, 0)[rank], b.chunk(n, 0)[rank]], 0))
             else:
                 p.copy_(full.chunk(n, dim=dim)[rank])
+
+
+class _QKV(torch.nn.Module):
+    """MultiheadAttention's QKV projection as TE builds it: a Linear (or, with
+    input_layernorm, a LayerNormLinear) with parameters_split query/key/value unless fused."""
+
+    def __init__(self, hidden, rows_q, rows_kv, layernorm, normalization, fused, bias):
+        super().__init__()
+        _common(self, None, 1, bias)
+        self.parallel_mode, self.in_features, self.out_features = None, hidden, rows_q + 2 * rows_kv
+        self.normalization, self.eps, self.zero_centered_gamma = normalization, 1e-5, False
+        self.return_layernorm_output = self.return_layernorm_output_gathered = False
+        e = lambda *s: torch.nn.Parameter(torch.empty(*s))  # noqa: E731
+        if layernorm:
+            self.layer_norm_weight = e(hidden)
+            if normalization == "LayerNorm":
+                self.layer_norm_bias = e(hidden)
+        if fused:
+            self.weight_names = ["weight"]
+            self.weight = e(rows_q + 2 * rows_kv, hidden)
+            if bias:
+                self.bias = e(rows_q + 2 * rows_kv)
+        else:
+            self.weight_names = ["query_weight", "key_weight", "value_weight"]
+            self.query_weight, self.key_weight, self.value_weight = e(rows_q, hidden), e(rows_kv, hidden), e(rows_kv, hidden)
+            if bias:
+                self.query_bias, self.key_bias, self.value_bias = e(rows_q), e(rows_kv), e(rows_kv)
+
+
+class _Core(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_dropout = 0.0
+
+
+class MultiheadAttention(torch.nn.Module):
+    """TE 2.20's MultiheadAttention's attributes and parameters (self-attention, sbhd, one
+    rank). No forward: only the truth, where the reference stands in, runs it."""
+
+    def __init__(self, hidden, heads, groups=None, input_layernorm=True, normalization="LayerNorm",
+                 fuse_qkv_params=False, qkv_weight_interleaved=True, bias=True,
+                 attn_mask_type="causal"):
+        super().__init__()
+        self.attention_type, self.qkv_format, self.softmax_type, self.softcap = "self", "sbhd", "vanilla", 0.0
+        self.q_norm = self.k_norm = None
+        self.attn_mask_type, self.window_size = attn_mask_type, None
+        self.num_attention_heads, self.num_gqa_groups = heads, groups or heads
+        self.hidden_size_per_attention_head = hidden // heads
+        self.input_layernorm, self.tp_size, self.sequence_parallel = input_layernorm, 1, False
+        self.return_bias = self.return_layernorm_output = False
+        self.qkv_weight_interleaved = fuse_qkv_params and qkv_weight_interleaved
+        d = hidden // heads
+        qkv = _QKV(hidden, heads * d, self.num_gqa_groups * d, input_layernorm, normalization,
+                   fuse_qkv_params, bias)
+        setattr(self, "layernorm_qkv" if input_layernorm else "qkv", qkv)
+        self.core_attention = _Core()
+        self.proj = Linear(heads * d, hidden, bias=bias)
+
+
+MultiheadAttention.__module__ = "transformer_engine.pytorch.attention.multi_head_attention"
+_QKV.__module__ = "transformer_engine.pytorch.module.layernorm_linear"

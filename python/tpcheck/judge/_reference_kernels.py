@@ -23,7 +23,8 @@ _APEX = "apex.normalization.fused_layer_norm"
 _FLASH = "flash_attn.flash_attn_interface"
 _TE = "transformer_engine.pytorch"
 # TE's modules whose float64 reference is tpcheck's own layer (_te_reference)
-_TE_MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm")
+_TE_MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm",
+               "MultiheadAttention")
 
 
 def apex_layer_norm(module: torch.nn.Module, input: torch.Tensor, *args: Any) -> torch.Tensor:

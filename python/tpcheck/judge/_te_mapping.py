@@ -17,8 +17,9 @@ installed. A TE option that changes the computed function and that tpcheck's lay
 not follow raises tpcheck.InputError naming the module's class, the option and its value:
 a wrong truth is never returned in silence.
 
-Mapped: Linear, LayerNormLinear, LayerNormMLP, LayerNorm, RMSNorm (transformer_engine.pytorch).
-Not mapped yet: MultiheadAttention, TransformerLayer (an InputError says so); never:
+Mapped: Linear, LayerNormLinear, LayerNormMLP, LayerNorm, RMSNorm, MultiheadAttention
+(self-attention; transformer_engine.pytorch). Not mapped yet: TransformerLayer (an
+InputError says so); never:
 GroupedLinear (MoE; tpcheck has no such layer), the fusible ops (transformer_engine.pytorch.ops)
 and other frameworks' modules.
 """
@@ -47,11 +48,11 @@ _KINDS = {
     "LayerNormMLP": "LayerNormMLP",
     "LayerNorm": "LayerNorm",
     "RMSNorm": "RMSNorm",
+    "MultiheadAttention": "MultiheadAttention",
 }
 _NOT_YET = {
-    "MultiheadAttention": "not mapped yet (its QKV layout, GQA and mask options are still to "
-                          "be read from TE's attention module)",
-    "TransformerLayer": "not mapped yet (it needs MultiheadAttention's mapping first)",
+    "TransformerLayer": "not mapped yet (its attention is: map the layer's MultiheadAttention "
+                        "and LayerNormMLP instead)",
     "GroupedLinear": "MoE grouped GEMMs; tpcheck has no grouped layer",
     "DotProductAttention": "tpcheck has no stand-alone attention core layer",
 }
@@ -172,9 +173,10 @@ def _delay_wgrad(m: Any) -> bool:
     return bool(getattr(m, "delay_wgrad_compute", False))
 
 
-def _common_refusals(te_class: str, m: Any) -> None:
+def _common_refusals(te_class: str, m: Any, split_ok: bool = False) -> None:
     """Options every TE GEMM module has that change what the module computes (or from what)
-    in ways tpcheck's layers do not follow."""
+    in ways tpcheck's layers do not follow (split_ok: MultiheadAttention's QKV projection,
+    whose query/key/value split tpcheck's attention layer follows)."""
     for flag in _UB_FLAGS:
         value = getattr(m, flag, False)
         if value:
@@ -188,7 +190,7 @@ def _common_refusals(te_class: str, m: Any) -> None:
                       "the weights are held only in FP8, so there are no high-precision "
                       "weights for the truth; FP8 weight caching is not modelled")
     names = getattr(m, "weight_names", None)
-    if names is not None and list(names) != ["weight"]:
+    if names is not None and list(names) != ["weight"] and not split_ok:
         raise _refuse(te_class, "parameters_split", list(names),
                       "split weights are parent-internal in tpcheck, not an option")
     # Options that do not change the function, ignored on purpose: init_method /
@@ -319,6 +321,77 @@ def _mlp(te_class: str, m: Any) -> tuple[dict, list, Optional[str], int, bool, d
     return opts, names, mode, tp, sp, strides
 
 
+def _mha(te_class: str, m: Any) -> tuple[dict, list, Optional[str], int, bool]:
+    """TE 2.20's MultiheadAttention (self-attention, sbhd): its QKV projection (`qkv`, or
+    `layernorm_qkv` with input_layernorm), the core attention and `proj`."""
+    if getattr(m, "attention_type", "self") != "self":
+        raise _refuse(te_class, "attention_type", m.attention_type, "tpcheck has self-attention")
+    for name, default, why in (
+            ("qkv_format", "sbhd", "tpcheck's attention takes [s, b, hidden]"),
+            ("softmax_type", "vanilla", "tpcheck's softmax is the plain one"),
+            ("softcap", 0.0, "no logit soft-capping in tpcheck's attention")):
+        value = getattr(m, name, default)
+        if value != default:
+            raise _refuse(te_class, name, value, why)
+    if getattr(m, "q_norm", None) is not None or getattr(m, "k_norm", None) is not None:
+        raise _refuse(te_class, "qk_norm_type", "set", "no query/key norm in tpcheck's attention")
+    mask = getattr(m, "attn_mask_type", "causal")
+    if mask not in ("causal", "no_mask"):
+        raise _refuse(te_class, "attn_mask_type", mask, "tpcheck has causal and no_mask")
+    core = getattr(m, "core_attention", None)
+    dropout = float(getattr(core, "attention_dropout", 0.0) or 0.0)
+    if dropout > 0 and getattr(m, "training", False):
+        raise _refuse(te_class, "attention_dropout", dropout,
+                      "random dropout in training mode (eval() or 0 gives the function)")
+    heads = int(m.num_attention_heads)
+    groups = int(getattr(m, "num_gqa_groups", heads) or heads)
+    proj = m.proj
+    hidden = int(proj.out_features)
+    d = int(getattr(m, "hidden_size_per_attention_head", hidden // heads))
+    if d * heads != hidden:
+        raise _refuse(te_class, "kv_channels", d, f"tpcheck's head dim is hidden_size / "
+                      f"num_attention_heads = {hidden // heads}")
+    ln = bool(getattr(m, "input_layernorm", False))
+    prefix = "layernorm_qkv" if ln else "qkv"
+    qkv = getattr(m, prefix, None)
+    if qkv is None:
+        raise InputError(f"{te_class}: no {prefix} submodule (input_layernorm={ln})")
+    _common_refusals(te_class, qkv, split_ok=True)
+    _common_refusals(te_class, proj)
+    tp = _tp(m)
+    mode = getattr(qkv, "parallel_mode", None)
+    if tp > 1 and mode != "column":
+        raise _refuse(te_class, "set_parallel_mode", False,
+                      f"with tp_size={tp} TE shards the heads but does not reduce the output")
+    fused = _shape(getattr(qkv, "weight", None)) is not None
+    bias = bool(getattr(qkv, "use_bias", True))
+    sp = bool(getattr(m, "sequence_parallel", False)) and tp > 1
+    opts = {"hidden_size": hidden, "num_attention_heads": heads, "num_gqa_groups": groups,
+            "attn_mask_type": mask, "input_layernorm": ln, "bias": bias,
+            "return_bias": bool(getattr(m, "return_bias", False)),
+            "return_layernorm_output": ln and bool(getattr(m, "return_layernorm_output", False)),
+            "fuse_qkv_params": fused,
+            "qkv_weight_interleaved": fused and bool(getattr(m, "qkv_weight_interleaved", True)),
+            "sequence_parallel": sp,
+            "fuse_wgrad_accumulation": bool(getattr(qkv, "fuse_wgrad_accumulation", False))}
+    window = getattr(m, "window_size", None)
+    if window is not None:
+        opts["window_size"] = [int(w) for w in window]
+    names = []
+    if ln:
+        norm = _norm_options(te_class, qkv)
+        opts.update({"normalization": norm["normalization"], "layernorm_epsilon": norm["eps"],
+                     "zero_centered_gamma": norm["zero_centered_gamma"]})
+        names += [f"{prefix}.layer_norm_weight"] + (
+            [f"{prefix}.layer_norm_bias"] if norm["normalization"] == "LayerNorm" else [])
+    parts = ["weight"] if fused else ["query_weight", "key_weight", "value_weight"]
+    if bias:
+        parts += ["bias"] if fused else ["query_bias", "key_bias", "value_bias"]
+    names += [f"{prefix}.{p}" for p in parts]
+    names += ["proj.weight"] + (["proj.bias"] if bool(getattr(proj, "use_bias", True)) else [])
+    return opts, names, ("column+row" if tp > 1 else None), tp, sp
+
+
 def _norm(te_class: str, m: Any) -> tuple[dict, list, bool]:
     shape = _shape(getattr(m, "weight", None))
     if shape is None or len(shape) != 1:
@@ -353,6 +426,8 @@ def te_layer_spec(module: Any, *, te_version: Optional[str] = None) -> TeLayerSp
         opts, names, mode, tp, sp = _linear_like(te_class, module, te_class == "LayerNormLinear")
     elif te_class == "LayerNormMLP":
         opts, names, mode, tp, sp, strides = _mlp(te_class, module)
+    elif te_class == "MultiheadAttention":
+        opts, names, mode, tp, sp = _mha(te_class, module)
     else:
         opts, names, sp = _norm(te_class, module)
         mode, tp = None, None
@@ -363,6 +438,12 @@ def te_layer_spec(module: Any, *, te_version: Optional[str] = None) -> TeLayerSp
 # The partition dim each parameter has under each parallel mode (TE's reset_parameters).
 def _expected_dims(spec: TeLayerSpec) -> dict:
     dims = {n: None for n in spec.te_to_tpcheck}
+    if spec.kind == "MultiheadAttention":
+        if spec.parallel_mode is not None:  # the QKV projection column, proj row parallel
+            dims.update({n: 0 for n in dims if n.split(".")[0] in ("qkv", "layernorm_qkv")
+                         and "layer_norm" not in n})
+            dims["proj.weight"] = 1
+        return dims
     if spec.parallel_mode == "column":
         dims.update({n: 0 for n in ("weight", "bias") if n in dims})
     elif spec.parallel_mode == "row":

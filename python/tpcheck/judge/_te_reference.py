@@ -40,8 +40,61 @@ from ._verdict import as_dlpack
 
 __all__ = ["te_module_reference", "te_gather_strides"]
 
-# What TE's forward takes beside the input and does not change the layer's function.
-_FORWARD_FLAGS = {"is_first_microbatch": None, "fp8_output": False, "fp8_grad": False}
+# TE 2.20's forward arguments after the input, by class, in order (positional ones are
+# read by this order).
+_FORWARD_ARGS = {
+    "Linear": ("is_first_microbatch", "fp8_output", "fp8_grad"),
+    "LayerNormLinear": ("is_first_microbatch", "fp8_output", "fp8_grad"),
+    "LayerNormMLP": ("is_first_microbatch",),
+    "LayerNorm": (), "RMSNorm": (),
+    "MultiheadAttention": (
+        "attention_mask", "encoder_output", "attn_mask_type", "window_size",
+        "bottom_right_diagonal", "is_first_microbatch", "checkpoint_core_attention",
+        "inference_params", "rotary_pos_emb", "core_attention_bias_type",
+        "core_attention_bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv",
+        "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv",
+        "fast_zero_fill", "pad_between_seqs", "thd_attention_policies",
+        "thd_attention_policy_dispatch", "softcap"),
+}
+# Arguments whose value does not change the function (weight caching across microbatches,
+# recomputation, a diagonal that only matters when queries and keys differ in length).
+_ANY_VALUE = {"is_first_microbatch", "checkpoint_core_attention", "bottom_right_diagonal",
+              "fast_zero_fill", "thd_attention_policy_dispatch"}
+# Layers that treat every token alike: their input is flattened to [tokens, hidden].
+_TOKEN_WISE = {"Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm"}
+
+
+def _check_forward_args(te_class: str, module: Any, args: tuple, kwargs: dict) -> None:
+    """Every forward argument beside the input is one whose value the layer follows;
+    anything else is an InputError naming it."""
+    names = _FORWARD_ARGS[te_class]
+    if len(args) > len(names):
+        raise InputError(f"{te_class}: {len(args)} positional arguments after the input; "
+                         f"TE's forward takes {list(names)}")
+    given = dict(zip(names, args))
+    given.update(kwargs)
+    for name, value in given.items():
+        if name not in names:
+            raise InputError(f"{te_class}: forward argument {name!r} is not one of TE 2.20's "
+                             f"({list(names)})")
+        if name in _ANY_VALUE:
+            continue
+        if name in ("fp8_output", "fp8_grad"):
+            ok = not value
+        elif name == "attn_mask_type":
+            ok = value in (None, getattr(module, "attn_mask_type", None))
+        elif name == "window_size":
+            own = getattr(module, "window_size", None)
+            ok = value is None or (own is not None and tuple(value) == tuple(own))
+        elif name == "core_attention_bias_type":
+            ok = value == "no_bias"
+        else:
+            ok = value is None
+        if not ok:
+            raise InputError(f"{te_class}: forward argument {name}={value!r} is not followed "
+                             "by tpcheck's float64 reference (its layer computes the module's "
+                             "configured function: no FP8 outputs, masks, biases, rotary "
+                             "embeddings or packed sequences passed at call time)")
 
 # Seeds of the C++ probe per call: far from each other and from the Python probe's stream
 # (which starts at position 1 of the run's seed).
@@ -113,13 +166,14 @@ def _returned(options: dict) -> list:
     return names
 
 
-def _layer_k(spec_options: dict, params: dict, tokens: int) -> int:
-    """The layer's longest GEMM reduction: a weight's dims (forward and input gradient) or
-    the tokens (weight gradient); 0 for the norms (no GEMM)."""
+def _layer_k(spec_options: dict, params: dict, tokens: int, seq: int) -> int:
+    """The layer's longest GEMM reduction: a weight's dims (forward and input gradient),
+    the tokens (weight gradient), and for attention the sequence (the context product) and
+    the head dim (the scores); 0 for the norms (no GEMM)."""
     weights = [p for n, p in params.items() if n.endswith("weight") and p.dim() == 2]
     if not weights:
         return 0
-    return max([tokens] + [d for w in weights for d in w.shape])
+    return max([tokens, seq] + [d for w in weights for d in w.shape])
 
 
 def te_module_reference(module: torch.nn.Module, inp: torch.Tensor, *args: Any,
@@ -128,29 +182,25 @@ def te_module_reference(module: torch.nn.Module, inp: torch.Tensor, *args: Any,
     docstring); returns what TE's forward returns (a tensor, or a tuple with the bias and
     the norm's output when the module returns them)."""
     spec = te_layer_spec(module)
-    flags = dict(zip(["is_first_microbatch", "fp8_output", "fp8_grad"], args))
-    flags.update(kwargs)
-    for name, value in flags.items():
-        if name not in _FORWARD_FLAGS:
-            raise InputError(f"{spec.te_class}: forward argument {name}={value!r} is not one "
-                             f"tpcheck's float64 reference takes ({sorted(_FORWARD_FLAGS)})")
-        if name != "is_first_microbatch" and value:
-            raise InputError(f"{spec.te_class}: forward argument {name}={value!r} asks for FP8 "
-                             "tensors out of the module; the float64 truth has none")
+    _check_forward_args(spec.te_class, module, args, kwargs)
     if not isinstance(inp, torch.Tensor) or inp.dim() < 2:
         raise InputError(f"{spec.te_class}: the input is a "
                          f"{type(inp).__name__ if not isinstance(inp, torch.Tensor) else f'{inp.dim()}-D tensor'}; "
                          "expected a tensor [..., hidden]")
-    te_params = dict(module.named_parameters(recurse=False))
+    te_params = dict(module.named_parameters())
     by_name = spec.to_tpcheck(te_params)
     names = list(by_name)
-    hidden = inp.shape[-1]
-    x = inp.reshape(-1, hidden)
+    token_wise = spec.te_class in _TOKEN_WISE
+    x = inp.reshape(-1, inp.shape[-1]) if token_wise else inp
+    if not token_wise and inp.dim() != 3:
+        raise InputError(f"{spec.te_class}: the input has shape {tuple(inp.shape)}; expected "
+                         "[s, b, hidden] (qkv_format sbhd)")
     mode = _truth_mode()
     probe_u, probe_seed = 0.0, 0
     if mode is not None:
+        tokens = x.shape[0] if token_wise else x.shape[0] * x.shape[1]
         mode.reduction_length = max(mode.reduction_length,
-                                    _layer_k(spec.options, te_params, x.shape[0]))
+                                    _layer_k(spec.options, te_params, tokens, x.shape[0]))
         if mode.probe_u is not None:
             nominal = mode.nominal.of(inp) if mode.nominal is not None else None
             scale = mode.nominal.scale(nominal) if nominal is not None else 1.0
@@ -161,7 +211,7 @@ def te_module_reference(module: torch.nn.Module, inp: torch.Tensor, *args: Any,
     outs = _LayerTruth.apply(call, x, *(by_name[n] for n in names))
     shaped = []
     for name, t in zip(call.returned, outs):
-        if name == "bias":
+        if name == "bias" or not token_wise:
             shaped.append(t)
         else:
             shaped.append(t.reshape(*inp.shape[:-1], t.shape[-1]))
@@ -178,9 +228,19 @@ def _is_te(module: torch.nn.Module, name: str) -> bool:
 def te_gather_strides(root: torch.nn.Module) -> dict[str, int]:
     """{qualified parameter name: gather stride} where a TE module's layout needs one that
     its parameters' partition_stride (1) does not say: gated LayerNormMLP's fc1, whose
-    rank r holds pieces r and N + r of [a; b] (TeLayerSpec.shard_strides)."""
+    rank r holds pieces r and N + r of [a; b] (TeLayerSpec.shard_strides). A sharded
+    layout no stride gathers is an InputError: MultiheadAttention's fused QKV weight not
+    interleaved (rank r holds [Q_r; K_r; V_r], pieces of unequal blocks)."""
     out: dict[str, int] = {}
     for prefix, m in root.named_modules():
+        if _is_te(m, "MultiheadAttention") and int(getattr(m, "tp_size", 1) or 1) > 1:
+            o = te_layer_spec(m).options
+            if o["fuse_qkv_params"] and not o["qkv_weight_interleaved"]:
+                raise InputError(f"compare_tp: {prefix or 'the module'} (MultiheadAttention) "
+                                 "has fuse_qkv_params=True with qkv_weight_interleaved=False at "
+                                 f"tp_size {m.tp_size}: each rank holds [Q_r; K_r; V_r], which "
+                                 "no strided gather puts back together; use interleaved or "
+                                 "separate QKV weights")
         if _is_te(m, "LayerNormMLP"):
             for name, stride in te_layer_spec(m).shard_strides.items():
                 out[f"{prefix}.{name}" if prefix else name] = stride
