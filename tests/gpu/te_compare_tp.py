@@ -49,6 +49,9 @@ CASES = [
     ("MultiheadAttention LayerNorm GQA causal", lambda dt, **k: te.MultiheadAttention(
         H, 8, num_gqa_groups=4, input_layernorm=True, attention_dropout=0.0, params_dtype=dt,
         device="cuda", **k), "mha", {}, {}),
+    ("TransformerLayer LayerNorm gelu GQA", lambda dt, **k: te.TransformerLayer(
+        H, F, 8, num_gqa_groups=4, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dt,
+        device="cuda", **k), "mha", {}, {}),
 ]
 
 
@@ -64,10 +67,11 @@ def tp_kwargs(kind):
 def shard_from(single, sharded):
     with torch.no_grad():
         for name, p in sharded.named_parameters():
-            full = getattr(single, name)
+            full = single.get_parameter(name)
+            owner = single.get_submodule(name.rpartition(".")[0])
             if not getattr(p, "tensor_model_parallel", False) or p.shape == full.shape:
                 p.copy_(full)
-            elif name.startswith("fc1") and getattr(single, "activation", "") in GATED:
+            elif name.rpartition(".")[2].startswith("fc1") and getattr(owner, "activation", "") in GATED:
                 a, b = full.chunk(2, dim=0)
                 p.copy_(torch.cat([a.chunk(N, 0)[R], b.chunk(N, 0)[R]], 0))
             else:

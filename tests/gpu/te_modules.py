@@ -54,6 +54,9 @@ CONFIGS = [
     ("MultiheadAttention, fused interleaved QKV, no mask", "MultiheadAttention",
      dict(hidden_size=64, num_attention_heads=4, fuse_qkv_params=True, attn_mask_type="no_mask",
           attention_dropout=0.0)),
+    ("TransformerLayer, LayerNorm, gelu, GQA", "TransformerLayer",
+     dict(hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_gqa_groups=2,
+          hidden_dropout=0.0, attention_dropout=0.0)),
 ]
 
 

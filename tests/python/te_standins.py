@@ -221,3 +221,38 @@ class MultiheadAttention(torch.nn.Module):
 
 MultiheadAttention.__module__ = "transformer_engine.pytorch.attention.multi_head_attention"
 _QKV.__module__ = "transformer_engine.pytorch.module.layernorm_linear"
+
+
+class _Norm(torch.nn.Module):
+    """TE's LayerNorm / RMSNorm parameters (TransformerLayer's output_layernorm)."""
+
+    def __init__(self, hidden, normalization):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(hidden))
+        if normalization == "LayerNorm":
+            self.bias = torch.nn.Parameter(torch.empty(hidden))
+
+
+class TransformerLayer(torch.nn.Module):
+    """TE 2.20's TransformerLayer's attributes and parameters (encoder, one rank); no
+    forward, as MultiheadAttention's stand-in."""
+
+    def __init__(self, hidden, ffn, heads, groups=None, normalization="LayerNorm",
+                 activation="gelu", output_layernorm=False, parallel_attention_mlp=False,
+                 apply_residual_connection_post_layernorm=False, fuse_qkv_params=False):
+        super().__init__()
+        self.layer_type, self.attn_input_format, self.softmax_type = "encoder", "sbhd", "vanilla"
+        self.hidden_dropout, self.drop_path = 0.0, None
+        self.output_layernorm, self.parallel_attention_mlp = output_layernorm, parallel_attention_mlp
+        self.apply_residual_connection_post_layernorm = apply_residual_connection_post_layernorm
+        self.self_attn_mask_type, self.window_size = "causal", None
+        self.self_attention = MultiheadAttention(
+            hidden, heads, groups, input_layernorm=not output_layernorm,
+            normalization=normalization, fuse_qkv_params=fuse_qkv_params)
+        self.layernorm_mlp = LayerNormMLP(hidden, ffn, normalization=normalization,
+                                          activation=activation)
+        if output_layernorm:
+            self.layernorm = _Norm(hidden, normalization)
+
+
+TransformerLayer.__module__ = "transformer_engine.pytorch.transformer"

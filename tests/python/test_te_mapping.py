@@ -240,7 +240,6 @@ def test_refused_options():
 
 
 def test_unmapped_classes():
-    _refused(_cls("TransformerLayer")(), "TransformerLayer", "not mapped yet")
     _refused(_cls("GroupedLinear")(), "GroupedLinear", "MoE")
     _refused(_cls("Linear", "transformer_engine.pytorch.ops.basic.basic_linear")(), "ops")
     _refused(_cls("Linear", "torch.nn.modules.linear")(), "not a TransformerEngine module")

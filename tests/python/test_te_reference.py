@@ -22,7 +22,7 @@ from tpcheck.torch import truth
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-STANDINS = (S.Linear, S.LayerNormMLP, S.MultiheadAttention)
+STANDINS = (S.Linear, S.LayerNormMLP, S.MultiheadAttention, S.TransformerLayer)
 
 
 @pytest.fixture(autouse=True)
@@ -143,6 +143,37 @@ def test_multihead_attention_maps_to_tpcheck_s_layer(name):
     for k, g in spec.to_te(ref.grads).items():
         torch.testing.assert_close(t.grads[k], torch.as_tensor(g), rtol=0, atol=0, msg=k)
     assert t.reduction_length >= 16  # the tokens, s·b, at least
+
+
+TL = {
+    "LayerNorm, gelu, GQA": dict(groups=2),
+    "RMSNorm, swiglu, fused QKV, residual after the norm": dict(
+        normalization="RMSNorm", activation="swiglu", fuse_qkv_params=True,
+        apply_residual_connection_post_layernorm=True),
+    "output layernorm": dict(output_layernorm=True),
+    "parallel attention and MLP": dict(parallel_attention_mlp=True),
+}
+
+
+@pytest.mark.parametrize("name", list(TL))
+def test_transformer_layer_maps_to_tpcheck_s_layer(name):
+    """TransformerLayer (encoder): the mapping's names are exactly tpcheck's layer's, and the
+    truth through the reference is layer_truth of tpcheck's TransformerLayer bit for bit."""
+    from tpcheck.judge._te_mapping import te_layer_spec
+    m = _filled(S.TransformerLayer(32, 64, 4, **TL[name]))
+    spec = te_layer_spec(m)
+    state = {k: v.detach() for k, v in m.named_parameters()}
+    assert set(spec.to_tpcheck(state)) == set(tpcheck.layer_parameters(spec.kind, spec.options))
+    x = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
+    dy = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(5))
+    t = truth(m, x, grad_output=dy, probe=False)
+    ref = tpcheck.layer_truth(spec.kind, spec.options, spec.to_tpcheck(state), x, grad_output=dy)
+    torch.testing.assert_close(t.outputs["output"], torch.as_tensor(ref.output), rtol=0, atol=0)
+    for k, g in spec.to_te(ref.grads).items():
+        torch.testing.assert_close(t.grads[k], torch.as_tensor(g), rtol=0, atol=0, msg=k)
+    m.hidden_dropout = 0.1
+    with pytest.raises(tpcheck.InputError, match=r"TransformerLayer: option hidden_dropout=0.1"):
+        truth(m, x)
 
 
 def test_multihead_attention_refusals():

@@ -24,7 +24,7 @@ _FLASH = "flash_attn.flash_attn_interface"
 _TE = "transformer_engine.pytorch"
 # TE's modules whose float64 reference is tpcheck's own layer (_te_reference)
 _TE_MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm",
-               "MultiheadAttention")
+               "MultiheadAttention", "TransformerLayer")
 
 
 def apex_layer_norm(module: torch.nn.Module, input: torch.Tensor, *args: Any) -> torch.Tensor:

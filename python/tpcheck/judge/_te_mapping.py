@@ -18,8 +18,7 @@ not follow raises tpcheck.InputError naming the module's class, the option and i
 a wrong truth is never returned in silence.
 
 Mapped: Linear, LayerNormLinear, LayerNormMLP, LayerNorm, RMSNorm, MultiheadAttention
-(self-attention; transformer_engine.pytorch). Not mapped yet: TransformerLayer (an
-InputError says so); never:
+(self-attention) and TransformerLayer (encoder) of transformer_engine.pytorch. Never:
 GroupedLinear (MoE; tpcheck has no such layer), the fusible ops (transformer_engine.pytorch.ops)
 and other frameworks' modules.
 """
@@ -49,10 +48,9 @@ _KINDS = {
     "LayerNorm": "LayerNorm",
     "RMSNorm": "RMSNorm",
     "MultiheadAttention": "MultiheadAttention",
+    "TransformerLayer": "TransformerLayer",
 }
 _NOT_YET = {
-    "TransformerLayer": "not mapped yet (its attention is: map the layer's MultiheadAttention "
-                        "and LayerNormMLP instead)",
     "GroupedLinear": "MoE grouped GEMMs; tpcheck has no grouped layer",
     "DotProductAttention": "tpcheck has no stand-alone attention core layer",
 }
@@ -392,6 +390,49 @@ def _mha(te_class: str, m: Any) -> tuple[dict, list, Optional[str], int, bool]:
     return opts, names, ("column+row" if tp > 1 else None), tp, sp
 
 
+def _transformer_layer(te_class: str, m: Any) -> tuple[dict, list, Optional[str], int, bool, dict]:
+    """TE 2.20's TransformerLayer (encoder): its `self_attention` (MultiheadAttention),
+    `layernorm_mlp` (LayerNormMLP) and, with output_layernorm, `layernorm`."""
+    if getattr(m, "layer_type", "encoder") != "encoder":
+        raise _refuse(te_class, "layer_type", m.layer_type,
+                      "tpcheck's layer has no cross-attention (decoder)")
+    for name, default, why in (("attn_input_format", "sbhd", "tpcheck's layer takes [s, b, hidden]"),
+                               ("softmax_type", "vanilla", "tpcheck's softmax is the plain one")):
+        value = getattr(m, name, default)
+        if value != default:
+            raise _refuse(te_class, name, value, why)
+    training = bool(getattr(m, "training", False))
+    hidden_dropout = float(getattr(m, "hidden_dropout", 0.0) or 0.0)
+    if hidden_dropout > 0 and training:
+        raise _refuse(te_class, "hidden_dropout", hidden_dropout,
+                      "random dropout in training mode (eval() or 0 gives the function)")
+    if getattr(m, "drop_path", None) is not None and training:
+        raise _refuse(te_class, "drop_path_rate", getattr(m.drop_path, "drop_prob", "> 0"),
+                      "random stochastic depth in training mode")
+    attn, attn_names, _, tp, sp = _mha("MultiheadAttention", m.self_attention)
+    mlp, mlp_names, _, _, _, mlp_strides = _mlp("LayerNormMLP", m.layernorm_mlp)
+    output_ln = bool(getattr(m, "output_layernorm", False))
+    opts = {"hidden_size": attn["hidden_size"], "ffn_hidden_size": mlp["ffn_hidden_size"],
+            "num_attention_heads": attn["num_attention_heads"],
+            "num_gqa_groups": attn["num_gqa_groups"], "self_attn_mask_type": attn["attn_mask_type"],
+            "apply_residual_connection_post_layernorm":
+                bool(getattr(m, "apply_residual_connection_post_layernorm", False)),
+            "output_layernorm": output_ln,
+            "parallel_attention_mlp": bool(getattr(m, "parallel_attention_mlp", False)),
+            "normalization": mlp["normalization"], "zero_centered_gamma": mlp["zero_centered_gamma"],
+            "layernorm_epsilon": mlp["eps"], "fuse_qkv_params": attn["fuse_qkv_params"],
+            "qkv_weight_interleaved": attn["qkv_weight_interleaved"], "bias": attn["bias"],
+            "activation": mlp["activation"], "sequence_parallel": sp,
+            "fuse_wgrad_accumulation": attn["fuse_wgrad_accumulation"]}
+    if "window_size" in attn:
+        opts["window_size"] = attn["window_size"]
+    names = [f"self_attention.{n}" for n in attn_names] + [f"layernorm_mlp.{n}" for n in mlp_names]
+    if output_ln:
+        names += ["layernorm.weight"] + (["layernorm.bias"] if mlp["normalization"] == "LayerNorm" else [])
+    strides = {f"layernorm_mlp.{k}": v for k, v in mlp_strides.items()}
+    return opts, names, ("column+row" if tp > 1 else None), tp, sp, strides
+
+
 def _norm(te_class: str, m: Any) -> tuple[dict, list, bool]:
     shape = _shape(getattr(m, "weight", None))
     if shape is None or len(shape) != 1:
@@ -428,6 +469,8 @@ def te_layer_spec(module: Any, *, te_version: Optional[str] = None) -> TeLayerSp
         opts, names, mode, tp, sp, strides = _mlp(te_class, module)
     elif te_class == "MultiheadAttention":
         opts, names, mode, tp, sp = _mha(te_class, module)
+    elif te_class == "TransformerLayer":
+        opts, names, mode, tp, sp, strides = _transformer_layer(te_class, module)
     else:
         opts, names, sp = _norm(te_class, module)
         mode, tp = None, None
@@ -438,11 +481,21 @@ def te_layer_spec(module: Any, *, te_version: Optional[str] = None) -> TeLayerSp
 # The partition dim each parameter has under each parallel mode (TE's reset_parameters).
 def _expected_dims(spec: TeLayerSpec) -> dict:
     dims = {n: None for n in spec.te_to_tpcheck}
-    if spec.kind == "MultiheadAttention":
-        if spec.parallel_mode is not None:  # the QKV projection column, proj row parallel
-            dims.update({n: 0 for n in dims if n.split(".")[0] in ("qkv", "layernorm_qkv")
-                         and "layer_norm" not in n})
-            dims["proj.weight"] = 1
+    if spec.kind in ("MultiheadAttention", "TransformerLayer"):
+        if spec.parallel_mode is None:
+            return dims
+        for n in dims:
+            parts = n.split(".")
+            if parts[0] == "self_attention":
+                parts = parts[1:]
+            if parts[0] in ("qkv", "layernorm_qkv") and "layer_norm" not in parts[-1]:
+                dims[n] = 0       # the QKV projection: column parallel
+            elif parts[0] == "proj" and parts[-1] == "weight":
+                dims[n] = 1       # the output projection: row parallel
+            elif parts[0] == "layernorm_mlp" and parts[-1] in ("fc1_weight", "fc1_bias"):
+                dims[n] = 0
+            elif parts[0] == "layernorm_mlp" and parts[-1] == "fc2_weight":
+                dims[n] = 1
         return dims
     if spec.parallel_mode == "column":
         dims.update({n: 0 for n in ("weight", "bias") if n in dims})

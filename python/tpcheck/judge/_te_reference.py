@@ -4,8 +4,9 @@ TE's kernels have no float64 path, so the module truth (tpcheck.torch.truth, com
 truth) cannot run a TE module itself. tpcheck re-implements TE's layers (docs/LAYERS.md)
 in C++ with a float64 path; `te_module_reference` is the reference the truth uses in
 place of a TE module's forward (shipped: _reference_kernels registers it for TE's Linear,
-LayerNormLinear, LayerNormMLP, LayerNorm and RMSNorm once transformer_engine.pytorch is
-imported; `register_reference(cls, te_module_reference)` does it for a stand-in):
+LayerNormLinear, LayerNormMLP, LayerNorm, RMSNorm, MultiheadAttention and TransformerLayer
+once transformer_engine.pytorch is imported; `register_reference(cls, te_module_reference)`
+does it for a stand-in):
 
 - the module's configuration is read by _te_mapping.te_layer_spec (an option tpcheck's
   layer does not follow is an InputError naming the module, the option and its value);
@@ -20,8 +21,9 @@ imported; `register_reference(cls, te_module_reference)` does it for a stand-in)
 - the run's K (the longest GEMM reduction, the truth policy's error model) grows by the
   layer's: its GEMMs are not torch ops, so the dispatch mode does not see them.
 
-The layer is token-wise (the norms, the linears and the MLP treat every row alike), so the
-input is flattened to [tokens, hidden] and the results shaped back.
+The norms, the linears and the MLP treat every token alike: their input is flattened to
+[tokens, hidden] and the results shaped back. The attention and the transformer layer
+take the whole [s, b, hidden] input (TE's sbhd).
 """
 
 from __future__ import annotations
@@ -55,11 +57,19 @@ _FORWARD_ARGS = {
         "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv",
         "fast_zero_fill", "pad_between_seqs", "thd_attention_policies",
         "thd_attention_policy_dispatch", "softcap"),
+    "TransformerLayer": (
+        "attention_mask", "self_attn_mask_type", "window_size", "bottom_right_diagonal",
+        "encoder_output", "enc_dec_attn_mask", "enc_dec_attn_mask_type", "enc_dec_window_size",
+        "enc_dec_bottom_right_diagonal", "is_first_microbatch", "checkpoint_core_attention",
+        "inference_params", "rotary_pos_emb", "core_attention_bias_type", "core_attention_bias",
+        "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded",
+        "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv", "fast_zero_fill",
+        "pad_between_seqs", "thd_attention_policies", "thd_attention_policy_dispatch", "softcap"),
 }
 # Arguments whose value does not change the function (weight caching across microbatches,
 # recomputation, a diagonal that only matters when queries and keys differ in length).
 _ANY_VALUE = {"is_first_microbatch", "checkpoint_core_attention", "bottom_right_diagonal",
-              "fast_zero_fill", "thd_attention_policy_dispatch"}
+              "enc_dec_bottom_right_diagonal", "fast_zero_fill", "thd_attention_policy_dispatch"}
 # Layers that treat every token alike: their input is flattened to [tokens, hidden].
 _TOKEN_WISE = {"Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm"}
 
@@ -81,8 +91,8 @@ def _check_forward_args(te_class: str, module: Any, args: tuple, kwargs: dict) -
             continue
         if name in ("fp8_output", "fp8_grad"):
             ok = not value
-        elif name == "attn_mask_type":
-            ok = value in (None, getattr(module, "attn_mask_type", None))
+        elif name in ("attn_mask_type", "self_attn_mask_type"):
+            ok = value in (None, getattr(module, name, None))
         elif name == "window_size":
             own = getattr(module, "window_size", None)
             ok = value is None or (own is not None and tuple(value) == tuple(own))
