@@ -106,9 +106,12 @@ def _check_forward_args(te_class: str, module: Any, args: tuple, kwargs: dict) -
                              "configured function: no FP8 outputs, masks, biases, rotary "
                              "embeddings or packed sequences passed at call time)")
 
-# Seeds of the C++ probe per call: far from each other and from the Python probe's stream
-# (which starts at position 1 of the run's seed).
-_SEED_STEP = 0x9E3779B97F4A7C15
+# The C++ probe's seed per call. Both probes draw position k of a stream as
+# splitmix64(seed + 0x9E3779B97F4A7C15·k), so a seed that differs from the run's by a
+# multiple of that constant would replay the Python probe's own positions; the run's seed
+# XOR another odd constant times the call's number lands elsewhere (an overlap needs the
+# difference to be one of the few multiples a run uses, of 2^64).
+_SEED_MIX = 0xD1B54A32D192ED03
 
 
 def _truth_mode() -> Any:
@@ -215,8 +218,8 @@ def te_module_reference(module: torch.nn.Module, inp: torch.Tensor, *args: Any,
             nominal = mode.nominal.of(inp) if mode.nominal is not None else None
             scale = mode.nominal.scale(nominal) if nominal is not None else 1.0
             probe_u = mode.probe_u * scale
-            mode.counter += 1
-            probe_seed = (mode.probe_seed + _SEED_STEP * mode.counter) % (1 << 64)
+            mode.counter += 1  # a number of its own for this call
+            probe_seed = (mode.probe_seed ^ (_SEED_MIX * mode.counter)) % (1 << 64)
     call = _Call(spec.kind, spec.options, names, _returned(spec.options), probe_u, probe_seed)
     outs = _LayerTruth.apply(call, x, *(by_name[n] for n in names))
     shaped = []
