@@ -179,10 +179,10 @@ def _returned(options: dict) -> list:
     return names
 
 
-def _layer_k(spec_options: dict, params: dict, tokens: int, seq: int) -> int:
+def _layer_k(params: dict, tokens: int, seq: int) -> int:
     """The layer's longest GEMM reduction: a weight's dims (forward and input gradient),
-    the tokens (weight gradient), and for attention the sequence (the context product) and
-    the head dim (the scores); 0 for the norms (no GEMM)."""
+    the tokens (weight gradient), and for attention the sequence (the context product; the
+    scores' head dim is below the weights'); 0 for the norms (no GEMM)."""
     weights = [p for n, p in params.items() if n.endswith("weight") and p.dim() == 2]
     if not weights:
         return 0
@@ -213,7 +213,7 @@ def te_module_reference(module: torch.nn.Module, inp: torch.Tensor, *args: Any,
     if mode is not None:
         tokens = x.shape[0] if token_wise else x.shape[0] * x.shape[1]
         mode.reduction_length = max(mode.reduction_length,
-                                    _layer_k(spec.options, te_params, tokens, x.shape[0]))
+                                    _layer_k(te_params, tokens, x.shape[0]))
         if mode.probe_u is not None:
             nominal = mode.nominal.of(inp) if mode.nominal is not None else None
             scale = mode.nominal.scale(nominal) if nominal is not None else 1.0
