@@ -367,36 +367,36 @@ if has emulate; then
     # TPCHECK_EMULATE_PARTS: which parts run (default all): collectives, examples, bench.
     emulate_parts=" ${TPCHECK_EMULATE_PARTS:-collectives examples bench} "
     if [[ "$emulate_parts" == *" collectives "* ]]; then
-    # Staged (--no-mps: the ranks take turns on the GPU), then under MPS, the default launch
-    # wherever ranks share a GPU (its first line, in each log, says which mode ran).
-    for n in 2 4 8; do
-      timed "emulate: every collective, cuda, TP $n, --no-mps" emulate_collectives_tp$n.log \
-        python3 -m tpcheck emulate -n $n --no-mps -- "$root/tests/python/emulate_workers/collectives.py" --cuda
-      grep -E "ALL OK|Error|error" "$out/emulate_collectives_tp$n.log" | head -5 >>"$out/failures.txt"
-    done
-    # Every staged all-reduce split into per-rank shares (the default splits from 1 MiB),
-    # zero copy (the default under MPS) without MPS, the ranks as MPS clients (the default
-    # launch), and rank order on an odd group size, staged and in place.
-    timed "emulate: every collective, cuda, TP 4, all-reduce always split" emulate_collectives_split.log \
-      env TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 --no-mps -- \
-      "$root/tests/python/emulate_workers/collectives.py" --cuda
-    timed "emulate: every collective, cuda, TP 4, zero copy" emulate_collectives_zc.log \
-      env TPCHECK_EMULATE_ZERO_COPY=1 python3 -m tpcheck emulate -n 4 --no-mps -- \
-      "$root/tests/python/emulate_workers/collectives.py" --cuda
-    timed "emulate: every collective, cuda, TP 8, default launch (MPS)" emulate_collectives_mps.log \
-      python3 -m tpcheck emulate -n 8 -- "$root/tests/python/emulate_workers/collectives.py" --cuda
-    # The reduction kernel one element at a time (TPCHECK_REDUCE_VECTOR=0; the vector path is
-    # the default above): bits at TP 8 under MPS (zero copy, the in-place all-reduce) and TP
-    # 4 split, and the C++ device group's test.
-    timed "emulate: every collective, cuda, TP 8, default launch (MPS), scalar kernel" emulate_collectives_scalar.log \
-      env TPCHECK_REDUCE_VECTOR=0 python3 -m tpcheck emulate -n 8 -- \
-      "$root/tests/python/emulate_workers/collectives.py" --cuda
-    timed "emulate: every collective, cuda, TP 4 split, scalar kernel" emulate_collectives_scalar_split.log \
-      env TPCHECK_REDUCE_VECTOR=0 TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 --no-mps -- \
-      "$root/tests/python/emulate_workers/collectives.py" --cuda
-    if [ -x "$root/.devrun/tests/comm_ring_test" ]; then
-      timed "device group ring test, scalar kernel" comm_ring_scalar.log \
-        env TPCHECK_REDUCE_VECTOR=0 "$root/.devrun/tests/comm_ring_test"
+      # Staged (--no-mps: the ranks take turns on the GPU), then under MPS, the default launch
+      # wherever ranks share a GPU (its first line, in each log, says which mode ran).
+      for n in 2 4 8; do
+        timed "emulate: every collective, cuda, TP $n, --no-mps" emulate_collectives_tp$n.log \
+          python3 -m tpcheck emulate -n $n --no-mps -- "$root/tests/python/emulate_workers/collectives.py" --cuda
+        grep -E "ALL OK|Error|error" "$out/emulate_collectives_tp$n.log" | head -5 >>"$out/failures.txt"
+      done
+      # Every staged all-reduce split into per-rank shares (the default splits from 1 MiB),
+      # zero copy (the default under MPS) without MPS, the ranks as MPS clients (the default
+      # launch), and rank order on an odd group size, staged and in place.
+      timed "emulate: every collective, cuda, TP 4, all-reduce always split" emulate_collectives_split.log \
+        env TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 --no-mps -- \
+        "$root/tests/python/emulate_workers/collectives.py" --cuda
+      timed "emulate: every collective, cuda, TP 4, zero copy" emulate_collectives_zc.log \
+        env TPCHECK_EMULATE_ZERO_COPY=1 python3 -m tpcheck emulate -n 4 --no-mps -- \
+        "$root/tests/python/emulate_workers/collectives.py" --cuda
+      timed "emulate: every collective, cuda, TP 8, default launch (MPS)" emulate_collectives_mps.log \
+        python3 -m tpcheck emulate -n 8 -- "$root/tests/python/emulate_workers/collectives.py" --cuda
+      # The reduction kernel one element at a time (TPCHECK_REDUCE_VECTOR=0; the vector path is
+      # the default above): bits at TP 8 under MPS (zero copy, the in-place all-reduce) and TP
+      # 4 split, and the C++ device group's test.
+      timed "emulate: every collective, cuda, TP 8, default launch (MPS), scalar kernel" emulate_collectives_scalar.log \
+        env TPCHECK_REDUCE_VECTOR=0 python3 -m tpcheck emulate -n 8 -- \
+        "$root/tests/python/emulate_workers/collectives.py" --cuda
+      timed "emulate: every collective, cuda, TP 4 split, scalar kernel" emulate_collectives_scalar_split.log \
+        env TPCHECK_REDUCE_VECTOR=0 TPCHECK_EMULATE_SPLIT_BYTES=0 python3 -m tpcheck emulate -n 4 --no-mps -- \
+        "$root/tests/python/emulate_workers/collectives.py" --cuda
+      if [ -x "$root/.devrun/tests/comm_ring_test" ]; then
+        timed "device group ring test, scalar kernel" comm_ring_scalar.log \
+          env TPCHECK_REDUCE_VECTOR=0 "$root/.devrun/tests/comm_ring_test"
     fi
     timed "emulate: every collective, cuda, TP 3, rank order, --no-mps" emulate_collectives_rank.log \
       python3 -m tpcheck emulate -n 3 --comm-order rank --no-mps -- \
@@ -410,28 +410,28 @@ if has emulate; then
     done
     fi
     if [[ "$emulate_parts" == *" examples "* ]]; then
-    timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
-      python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
-    # --trace's GEMM half: cuBLASLt logs of a TP 1 and a TP 4 launch, and tpcheck diff.
-    w="$root/tests/python/emulate_workers/trace_small.py"
-    timed "emulate: --trace, cuda, TP 1 and TP 4, tpcheck diff" emulate_trace.log bash -c \
-      "python3 -m tpcheck emulate -n 1 --trace '$out/trace1' -- '$w' --cuda &&
-       python3 -m tpcheck emulate -n 4 --trace '$out/trace4' -- '$w' --cuda &&
-       '$bin' diff '$out/trace1/ledger.json' '$out/trace4/ledger.json'; echo diff status \$?"
-    timed "emulate: TF32 investigation example, TP 4" emulate_tf32.log \
-      python3 -m tpcheck emulate -n 4 -- "$root/examples/tf32_investigation.py"
-    cat "$out/emulate_example.log" "$out/emulate_tf32.log" >>"$out/failures.txt"
+      timed "emulate: example, cuda, TP 4 SP bf16" emulate_example.log \
+        python3 -m tpcheck emulate -n 4 -- "$root/examples/emulate_megatron_mlp.py" --sp --dtype bf16
+      # --trace's GEMM half: cuBLASLt logs of a TP 1 and a TP 4 launch, and tpcheck diff.
+      w="$root/tests/python/emulate_workers/trace_small.py"
+      timed "emulate: --trace, cuda, TP 1 and TP 4, tpcheck diff" emulate_trace.log bash -c \
+        "python3 -m tpcheck emulate -n 1 --trace '$out/trace1' -- '$w' --cuda &&
+         python3 -m tpcheck emulate -n 4 --trace '$out/trace4' -- '$w' --cuda &&
+         '$bin' diff '$out/trace1/ledger.json' '$out/trace4/ledger.json'; echo diff status \$?"
+      timed "emulate: TF32 investigation example, TP 4" emulate_tf32.log \
+        python3 -m tpcheck emulate -n 4 -- "$root/examples/tf32_investigation.py"
+      cat "$out/emulate_example.log" "$out/emulate_tf32.log" >>"$out/failures.txt"
     fi
     if [[ "$emulate_parts" == *" bench "* ]]; then
-    # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:
-    # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
-    timed "emulate: bench, TP 8, --no-mps" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8 --no-mps
-    timed "emulate: bench, TP 8, default launch (MPS)" emulate_bench_mps.log \
-      env TPCHECK_BENCH_PROFILE="$out/emulate_bench_mps_profile.txt" \
-      python3 "$root/bench/emulate_bench.py" --tp 8 --parts mlp coll
-    timed "compare_tp: bench, TP 2 and 8, --mps" compare_bench.log \
-      python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3 --mps
-    cat "$out/emulate_bench.log" "$out/emulate_bench_mps.log" "$out/compare_bench.log" >>"$out/failures.txt"
+      # The goals' figures (issue 32: the MLP step and the collectives at TP 8; issue 33:
+      # compare_tp at TP 8), with gloo and the copy bandwidth measured in the same run.
+      timed "emulate: bench, TP 8, --no-mps" emulate_bench.log python3 "$root/bench/emulate_bench.py" --tp 8 --no-mps
+      timed "emulate: bench, TP 8, default launch (MPS)" emulate_bench_mps.log \
+        env TPCHECK_BENCH_PROFILE="$out/emulate_bench_mps_profile.txt" \
+        python3 "$root/bench/emulate_bench.py" --tp 8 --parts mlp coll
+      timed "compare_tp: bench, TP 2 and 8, --mps" compare_bench.log \
+        python3 "$root/bench/compare_bench.py" --compare-tp --device cuda --tp 2 8 --repeat 3 --mps
+      cat "$out/emulate_bench.log" "$out/emulate_bench_mps.log" "$out/compare_bench.log" >>"$out/failures.txt"
     fi
   else
     row "emulate" "$no_wheel" ""
