@@ -89,12 +89,11 @@ def test_the_probe_runs_in_the_reference():
     x = torch.randn(6, 2, 24, generator=torch.Generator().manual_seed(4))
     dy = torch.randn(6, 2, 24, generator=torch.Generator().manual_seed(5))
     a, b = truth(m, x, grad_output=dy), truth(m, x, grad_output=dy)
-    for k in ("output",):
-        n = a.noise.outputs[k]
-        assert torch.isfinite(n).all() and n.abs().max() > 0
-        ratio = n.abs().max() / a.outputs[k].abs().max()
-        assert 1e-3 < ratio < 1e3, ratio
-        torch.testing.assert_close(n, b.noise.outputs[k], rtol=0, atol=0)
+    n = a.noise.outputs["output"]
+    assert torch.isfinite(n).all() and n.abs().max() > 0
+    ratio = n.abs().max() / a.outputs["output"].abs().max()
+    assert 1e-3 < ratio < 1e3, ratio
+    torch.testing.assert_close(n, b.noise.outputs["output"], rtol=0, atol=0)
     assert a.noise.grads["fc1_weight"].abs().max() > 0
     no_probe = truth(m, x, grad_output=dy, probe=False)
     torch.testing.assert_close(no_probe.outputs["output"], a.outputs["output"], rtol=0, atol=0)
@@ -121,16 +120,14 @@ MHA = {
 }
 
 
-@pytest.mark.parametrize("name", list(MHA))
-def test_multihead_attention_maps_to_tpcheck_s_layer(name):
-    """MultiheadAttention (self-attention, sbhd): the mapping's parameter names are exactly
-    tpcheck's layer's, and the truth through the reference is tpcheck.layer_truth of the
-    mapped layer on the module's parameters (output, input and parameter gradients, bit for
-    bit: one C++ layer)."""
+def _check_against_layer_truth(m, kind):
+    """The mapping's parameter names are exactly tpcheck's layer's, and the truth through
+    the reference is tpcheck.layer_truth of the mapped layer on the module's parameters
+    (output, input and parameter gradients, bit for bit: one C++ layer). Returns the truth
+    and the input."""
     from tpcheck.judge._te_mapping import te_layer_spec
-    m = _filled(S.MultiheadAttention(32, 4, **MHA[name]))
     spec = te_layer_spec(m)
-    assert spec.kind == "MultiheadAttention"
+    assert spec.kind == kind
     state = {k: v.detach() for k, v in m.named_parameters()}
     assert set(spec.to_tpcheck(state)) == set(tpcheck.layer_parameters(spec.kind, spec.options))
     x = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
@@ -142,6 +139,15 @@ def test_multihead_attention_maps_to_tpcheck_s_layer(name):
                                rtol=0, atol=0)
     for k, g in spec.to_te(ref.grads).items():
         torch.testing.assert_close(t.grads[k], torch.as_tensor(g), rtol=0, atol=0, msg=k)
+    return t, x
+
+
+@pytest.mark.parametrize("name", list(MHA))
+def test_multihead_attention_maps_to_tpcheck_s_layer(name):
+    """MultiheadAttention (self-attention, sbhd) through the reference is tpcheck's
+    attention layer, bit for bit; the run's K counts the layer's GEMMs."""
+    t, _ = _check_against_layer_truth(_filled(S.MultiheadAttention(32, 4, **MHA[name])),
+                                      "MultiheadAttention")
     assert t.reduction_length >= 16  # the tokens, s·b, at least
 
 
@@ -157,20 +163,10 @@ TL = {
 
 @pytest.mark.parametrize("name", list(TL))
 def test_transformer_layer_maps_to_tpcheck_s_layer(name):
-    """TransformerLayer (encoder): the mapping's names are exactly tpcheck's layer's, and the
-    truth through the reference is layer_truth of tpcheck's TransformerLayer bit for bit."""
-    from tpcheck.judge._te_mapping import te_layer_spec
+    """TransformerLayer (encoder) through the reference is tpcheck's TransformerLayer, bit
+    for bit; hidden dropout in training mode is refused by name."""
     m = _filled(S.TransformerLayer(32, 64, 4, **TL[name]))
-    spec = te_layer_spec(m)
-    state = {k: v.detach() for k, v in m.named_parameters()}
-    assert set(spec.to_tpcheck(state)) == set(tpcheck.layer_parameters(spec.kind, spec.options))
-    x = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
-    dy = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(5))
-    t = truth(m, x, grad_output=dy, probe=False)
-    ref = tpcheck.layer_truth(spec.kind, spec.options, spec.to_tpcheck(state), x, grad_output=dy)
-    torch.testing.assert_close(t.outputs["output"], torch.as_tensor(ref.output), rtol=0, atol=0)
-    for k, g in spec.to_te(ref.grads).items():
-        torch.testing.assert_close(t.grads[k], torch.as_tensor(g), rtol=0, atol=0, msg=k)
+    _, x = _check_against_layer_truth(m, "TransformerLayer")
     m.hidden_dropout = 0.1
     with pytest.raises(tpcheck.InputError, match=r"TransformerLayer: option hidden_dropout=0.1"):
         truth(m, x)
