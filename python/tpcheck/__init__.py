@@ -28,11 +28,11 @@ from typing import Any
 from ._errors import CheckFailed, Error, InputError, RunError
 from ._run import RunReport, run
 from ._trace import Trace, loaded_cublaslt, trace
-from .judge._layer_truth import LayerTruth, layer_parameters, layer_truth
+from .judge._layer_truth import LayerRun, LayerTruth, layer_parameters, layer_run, layer_truth
 from .judge._verdict import TruthTensor, Verdict, assert_close, compare, policies
 
 __all__ = ["Error", "InputError", "CheckFailed", "RunError", "Verdict", "TruthTensor",
-           "compare", "assert_close", "policies", "LayerTruth", "layer_truth",
+           "compare", "assert_close", "policies", "LayerTruth", "layer_truth", "LayerRun", "layer_run",
            "layer_parameters", "RunReport", "run", "trace", "Trace", "loaded_cublaslt"]
 
 

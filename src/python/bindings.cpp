@@ -2,7 +2,7 @@
 // is the other half: the Verdict class, argument defaults, the torchrun launch).
 //
 //   compare(...)        compare_tensors + evaluate on DLPack arrays, zero-copy; a dict
-//   truth(...)          compute_truth (truth.h) on DLPack arrays; numpy f64 results
+//   run_layer(...)      run_layer (truth.h) on DLPack arrays; numpy f64 results
 //   layer_parameters()  a layer's parameter names and shapes
 //   run(options)        run_suite (tpcheck_run) from {keyword: text}; the JSON report
 //                       as a string and the console
@@ -217,12 +217,15 @@ std::map<std::string, Tensor> wrap_dict(const std::map<std::string, nb::ndarray<
   return out;
 }
 
-nb::dict truth(const std::string& kind, const std::string& options_json,
-               const std::map<std::string, nb::ndarray<>>& params, nb::ndarray<> input,
-               const std::map<std::string, nb::ndarray<>>& grad_outputs, const std::string& device,
-               double probe_u, std::uint64_t probe_seed) {
-  TruthRequest r;
+nb::dict run_layer(const std::string& kind, const std::string& options_json,
+                   const std::map<std::string, nb::ndarray<>>& params, nb::ndarray<> input,
+                   const std::map<std::string, nb::ndarray<>>& grad_outputs,
+                   const std::string& device, const std::string& dtype, bool allow_tf32,
+                   double probe_u, std::uint64_t probe_seed) {
+  LayerRunRequest r;
   r.kind = kind;
+  r.dtype = dtype;
+  r.allow_tf32 = allow_tf32;
   r.probe_u = probe_u;
   r.probe_seed = probe_seed;
   r.options = nlohmann::json::parse(options_json);
@@ -236,10 +239,10 @@ nb::dict truth(const std::string& kind, const std::string& options_json,
   std::vector<const WrappedArray*> all;
   for (const WrappedArray& w : keep) all.push_back(&w);
   ExternalCudaDevice cuda(all);
-  TruthResult result;
+  LayerRunResult result;
   {
     nb::gil_scoped_release release;
-    result = compute_truth(r);
+    result = tpcheck::run_layer(r);
   }
   nb::dict d, outputs, grads;
   for (const auto& [name, t] : result.outputs) outputs[name.c_str()] = to_numpy(t);
@@ -456,10 +459,12 @@ NB_MODULE(_tpcheck, m) {
         "policy"_a, "rtol"_a.none(), "atol"_a.none(), "unit_roundoff"_a.none(),
         "reduction_length"_a, "tp_size"_a, "multiplier"_a, "floor_factor"_a, "name"_a,
         "Statistics and verdict of sharded against single (and the fp64 truth), as a dict.");
-  m.def("truth", &truth, "kind"_a, "options_json"_a, "params"_a, "input"_a, "grad_outputs"_a,
-        "device"_a, "probe_u"_a = 0.0, "probe_seed"_a = 0,
-        "fp64 outputs and gradients of tpcheck's implementation of a layer (probe_u > 0: "
-        "under the rounding probe).");
+  m.def("run_layer", &run_layer, "kind"_a, "options_json"_a, "params"_a, "input"_a,
+        "grad_outputs"_a, "device"_a, "dtype"_a = "f64", "allow_tf32"_a = false,
+        "probe_u"_a = 0.0, "probe_seed"_a = 0,
+        "Outputs and gradients of tpcheck's implementation of a layer, as f64 arrays: in "
+        "f64 the truth (probe_u > 0: under the rounding probe), else the suite's run in "
+        "`dtype`.");
   m.def("layer_parameters", &layer_parameters, "kind"_a, "options_json"_a,
         "The layer's parameters as (name, shape), in its documented order.");
   m.def("run_options", &run_options, "tpcheck.run's options, from the run options' table.");

@@ -18,11 +18,13 @@ bool is_extra_state(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-nlohmann::json f64_options(const nlohmann::json& options) {
+// The caller's options with the run's precision: the truth computes in f64 whatever the
+// caller's own run used.
+nlohmann::json options_in(const nlohmann::json& options, DType dtype) {
   TPCHECK_CHECK_INPUT(options.is_object(), "layer options must be a dict of constructor keywords, got {}",
                       options.dump());
   nlohmann::json o = options;
-  o["params_dtype"] = "f64";  // the truth computes in f64 whatever the caller's run used
+  o["params_dtype"] = dtype_name(dtype);
   return o;
 }
 
@@ -33,14 +35,15 @@ struct Built {
 };
 
 Built build(const std::string& kind, const nlohmann::json& options, const std::string& device,
-            double probe_u = 0, std::uint64_t probe_seed = 0) {
+            DType dtype = DType::kF64, bool allow_tf32 = false, double probe_u = 0,
+            std::uint64_t probe_seed = 0) {
   Built b;
   if (device == "cpu") {
     b.backend = make_cpu_backend();
   } else {
     TPCHECK_CHECK_INPUT(device == "cuda", "device '{}': expected 'cpu' or 'cuda'", device);
     CudaBackendOptions o;
-    o.allow_tf32 = false;
+    o.allow_tf32 = allow_tf32;
     b.backend = make_cuda_backend(o);
   }
   if (probe_u > 0) {
@@ -52,7 +55,7 @@ Built build(const std::string& kind, const nlohmann::json& options, const std::s
   ctx.backend = b.backend.get();
   ctx.comm = b.comm.get();
   ctx.seed = 0;  // every parameter is overwritten with the caller's
-  b.layer = make_layer(LayerSpec{kind, f64_options(options)}, ctx);
+  b.layer = make_layer(LayerSpec{kind, options_in(options, dtype)}, ctx);
   return b;
 }
 
@@ -64,12 +67,12 @@ std::string expected_list(const std::vector<Parameter*>& params) {
   return out;
 }
 
-// A copy of `src` in f64 on `device`.
-Tensor f64_on(const Tensor& src, Device device) {
+// A copy of `src` in `dtype` on the host.
+Tensor host_copy_in(const Tensor& src, DType dtype) {
   Tensor host = src.to_host();
-  Tensor out(host.shape(), DType::kF64);
+  Tensor out(host.shape(), dtype);
   out.copy_from(host);
-  return out.to_device(device);
+  return out;
 }
 
 }  // namespace
@@ -82,20 +85,27 @@ std::vector<std::pair<std::string, Shape>> layer_parameter_shapes(const std::str
   return out;
 }
 
-TruthResult compute_truth(const TruthRequest& r) {
+LayerRunResult run_layer(const LayerRunRequest& r) {
   TPCHECK_CHECK_INPUT(r.input.defined(), "{}: the input is missing", r.kind);
-  // Everything the caller gave, in f64 on the host first: a caller's device arrays are read
-  // on the stream they were handed over on, before the layer's backend (its own stream)
-  // exists.
+  const DType dtype = parse_dtype(r.dtype);
+  TPCHECK_CHECK_INPUT(dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kBF16 ||
+                          dtype == DType::kF16,
+                      "dtype '{}': expected f64 (the truth), f32, bf16 or f16", r.dtype);
+  TPCHECK_CHECK_INPUT(r.probe_u >= 0, "probe_u {}: expected 0 (no probe) or 0 < u < 1", r.probe_u);
+  TPCHECK_CHECK_INPUT(r.probe_u == 0 || dtype == DType::kF64,
+                      "probe_u {} with dtype {}: the rounding probe perturbs the f64 truth only",
+                      r.probe_u, r.dtype);
+  // Everything the caller gave, in the run's dtype on the host first: a caller's device
+  // arrays are read on the stream they were handed over on, before the layer's backend
+  // (its own stream) exists.
   std::map<std::string, Tensor> given_params, given_grads;
   for (const auto& [name, t] : r.params) {
-    if (!is_extra_state(name)) given_params[name] = f64_on(t, Device::kCpu);
+    if (!is_extra_state(name)) given_params[name] = host_copy_in(t, dtype);
   }
-  for (const auto& [name, t] : r.grad_outputs) given_grads[name] = f64_on(t, Device::kCpu);
-  const Tensor x_host = f64_on(r.input, Device::kCpu);
+  for (const auto& [name, t] : r.grad_outputs) given_grads[name] = host_copy_in(t, dtype);
+  const Tensor x_host = host_copy_in(r.input, dtype);
 
-  TPCHECK_CHECK_INPUT(r.probe_u >= 0, "probe_u {}: expected 0 (no probe) or 0 < u < 1", r.probe_u);
-  Built b = build(r.kind, r.options, r.device, r.probe_u, r.probe_seed);
+  Built b = build(r.kind, r.options, r.device, dtype, r.allow_tf32, r.probe_u, r.probe_seed);
   const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
   std::vector<Parameter*> params = b.layer->parameters();
 
@@ -127,7 +137,7 @@ TruthResult compute_truth(const TruthRequest& r) {
 
   const Tensor x = x_host.to_device(device);
   const LayerOutputs outs = b.layer->forward(x);
-  TruthResult result;
+  LayerRunResult result;
   const std::pair<const char*, const Tensor*> returned[] = {
       {"output", &outs.output}, {"bias", &outs.bias}, {"layernorm_output", &outs.layernorm_output}};
   for (const auto& [name, t] : returned) {
@@ -150,7 +160,7 @@ TruthResult compute_truth(const TruthRequest& r) {
     if (!t->defined()) continue;
     auto it = given_grads.find(name);
     if (it == given_grads.end()) {
-      *slots[i] = Tensor::zeros(t->shape(), DType::kF64, device);  // not in the loss
+      *slots[i] = Tensor::zeros(t->shape(), dtype, device);  // not in the loss
       continue;
     }
     TPCHECK_CHECK_INPUT(it->second.shape() == t->shape(),
@@ -160,7 +170,7 @@ TruthResult compute_truth(const TruthRequest& r) {
   }
   result.grad_input = b.layer->backward(grads).to_host();
   if (b.layer->delays_wgrad()) b.layer->backward_dw();
-  for (const Parameter* p : params) result.grads[p->name] = f64_on(p->gradient(), Device::kCpu);
+  for (const Parameter* p : params) result.grads[p->name] = p->gradient().to_host();
   return result;
 }
 

@@ -1,8 +1,11 @@
-// truth.h — tpcheck as an fp64 oracle for someone else's layer run (tpcheck.truth):
-// builds tpcheck's implementation of a reference-library (TransformerEngine) layer from
-// its constructor keywords, loads the caller's parameters (keyed by the reference's
-// state_dict names), and runs forward — and backward when output gradients are given — in
-// f64 on one device. No Python here; src/python/bindings.cpp binds it.
+// truth.h — tpcheck's layers run on someone else's parameters (tpcheck.layer_truth,
+// tpcheck.layer_run): builds tpcheck's implementation of a reference-library
+// (TransformerEngine) layer from its constructor keywords, loads the caller's parameters
+// (keyed by the reference's state_dict names), and runs forward — and backward when output
+// gradients are given — on one device. In f64 it is the fp64 oracle of someone else's layer
+// run; in the caller's precision it is the layer the suite runs, for measuring it against
+// the real library (docs/LAYERS.md, "Fidelity"). No Python here; src/python/bindings.cpp
+// binds it.
 // Thread safety: each call builds its own layer and backend.
 #pragma once
 
@@ -18,7 +21,7 @@
 
 namespace tpcheck {
 
-struct TruthRequest {
+struct LayerRunRequest {
   std::string kind;                    // make_layer kind: "LayerNormMLP", "TransformerLayer", ...
   nlohmann::json options;              // TransformerEngine constructor keywords (json_options.cpp)
   std::map<std::string, Tensor> params;  // state_dict name → value (any dtype, CPU or CUDA)
@@ -27,15 +30,20 @@ struct TruthRequest {
   // "layernorm_output"); empty: forward only. A returned tensor without one gets zeros.
   std::map<std::string, Tensor> grad_outputs;
   std::string device = "cpu";  // "cpu" or "cuda" (GPU 0)
+  // The precision the layer computes in ("f64": the truth; "f32", "bf16", "f16": the
+  // suite's run of the layer), and for f32 on CUDA whether its GEMMs may use TF32.
+  std::string dtype = "f64";
+  bool allow_tf32 = false;
   // The rounding probe (make_rounding_probe_backend): 0 runs the plain f64 truth; u > 0
   // perturbs every value the layer's ops store by (1 + u·r), r from `probe_seed`'s stream.
   double probe_u = 0;
   std::uint64_t probe_seed = 0;
 };
 
-struct TruthResult {
-  std::map<std::string, Tensor> outputs;  // f64 on the CPU: "output", "bias"?, "layernorm_output"?
-  std::map<std::string, Tensor> grads;    // parameter name → f64 gradient (when backward ran)
+struct LayerRunResult {
+  // On the CPU in the run's dtype: "output", "bias"?, "layernorm_output"?
+  std::map<std::string, Tensor> outputs;
+  std::map<std::string, Tensor> grads;    // parameter name → gradient (when backward ran)
   Tensor grad_input;                      // undefined when backward did not run
 };
 
@@ -46,7 +54,9 @@ std::vector<std::pair<std::string, Shape>> layer_parameter_shapes(const std::str
 
 // REQUIRES (Error(kInput), naming expected against given): the parameter names are exactly
 // the layer's (keys ending in "_extra_state", the reference's FP8 metadata, are ignored),
-// every shape matches; grad_outputs only for tensors the layer returns, shaped like them.
-TruthResult compute_truth(const TruthRequest& request);
+// every shape matches; grad_outputs only for tensors the layer returns, shaped like them;
+// the probe only with dtype f64. The caller's arrays are rounded to `dtype` first (exact
+// when they already are in it).
+LayerRunResult run_layer(const LayerRunRequest& request);
 
 }  // namespace tpcheck

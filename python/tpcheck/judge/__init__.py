@@ -5,6 +5,7 @@ Tensors (no torch needed; also at the top of the package, `tpcheck.compare`, ...
     compare(single, sharded, truth, ...) -> Verdict     one tensor under one policy
     assert_close(single, sharded, truth, ...)           the same, raising CheckFailed
     layer_truth(layer, options, params, x) -> LayerTruth  tpcheck's reference layers
+    layer_run(layer, options, params, x, dtype=...) -> LayerRun  the same, in float32/bf16
     TruthTensor                                         a truth value with its K, N, noise
     Result                                              the result protocol (passed,
                                                         failures, assert_ok, to_dict, to_json)
@@ -31,7 +32,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._layer_truth import LayerTruth, layer_parameters, layer_truth
+from ._layer_truth import LayerRun, LayerTruth, layer_parameters, layer_run, layer_truth
 from ._result import Result
 from ._verdict import TruthTensor, Verdict, assert_close, compare, policies
 
@@ -44,7 +45,7 @@ _TORCH_SIDE = {
 }
 
 __all__ = ["compare", "assert_close", "policies", "Verdict", "TruthTensor", "Result",
-           "layer_truth", "layer_parameters", "LayerTruth", *_TORCH_SIDE]
+           "layer_truth", "layer_run", "layer_parameters", "LayerTruth", "LayerRun", *_TORCH_SIDE]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,11 +1,15 @@
 """tpcheck.layer_truth: the fp64 truth of one of tpcheck's reference layers (its own
 implementation of TransformerEngine's Linear, LayerNorm, RMSNorm, LayerNormLinear,
 LayerNormMLP, MultiheadAttention, TransformerLayer; docs/LAYERS.md), given the module's
-options and parameters.
+options and parameters; tpcheck.layer_run: the same layer as the suite runs it, in float32
+(TF32 GEMMs on CUDA by default), bfloat16 or float16, to measure it against the real
+library on the same parameters (docs/LAYERS.md, "Fidelity").
 
     t = tpcheck.layer_truth("LayerNormMLP", {"hidden_size": 64, "ffn_hidden_size": 256},
                             module.state_dict(), x, grad_output=dy)
     t.output, t.input_grads["input"], t.grads["fc1_weight"]      # numpy float64
+    r = tpcheck.layer_run("LayerNormMLP", {...}, module.state_dict(), x, grad_output=dy,
+                          dtype="float32", device="cuda")         # float32 values, as float64
 
 For any nn.Module use the module truth, tpcheck.torch.truth (tpcheck.judge.module_truth):
 both results have the same fields (outputs, output, input_grads, grads).
@@ -19,18 +23,18 @@ from typing import Any, Mapping, Optional
 
 from .. import _tpcheck
 from .._errors import InputError
+from .._names import dtype_name
 from ._compiled import input_errors
 from ._verdict import TruthTensor, as_dlpack, detached
 
-__all__ = ["LayerTruth", "layer_truth", "layer_parameters"]
+__all__ = ["LayerTruth", "LayerRun", "layer_truth", "layer_run", "layer_parameters"]
 
 
-class LayerTruth:
-    """fp64 results of tpcheck.layer_truth: `outputs` ({"output", "bias"?,
-    "layernorm_output"?}), `output` (outputs["output"]), `input_grads` ({"input": ...};
-    empty without grad_output), `grads` (parameter name → gradient, the state_dict names;
-    empty without grad_output). numpy float64 arrays (DLPack: torch.from_dlpack shares
-    them). `truth_for(name, ...)` gives one of them to tpcheck.compare."""
+class _LayerResults:
+    """`outputs` ({"output", "bias"?, "layernorm_output"?}), `output` (outputs["output"]),
+    `input_grads` ({"input": ...}; empty without grad_output), `grads` (parameter name →
+    gradient, the state_dict names; empty without grad_output): numpy float64 arrays
+    (DLPack: torch.from_dlpack shares them)."""
 
     __slots__ = ("outputs", "grads", "input_grads")
 
@@ -44,16 +48,40 @@ class LayerTruth:
     def output(self) -> Any:
         return self.outputs["output"]
 
+    def tensors(self) -> dict[str, Any]:
+        """Every result under one name space: outputs, "input", then the parameters."""
+        return {**self.outputs, **self.input_grads, **self.grads}
+
+
+class LayerRun(_LayerResults):
+    """Results of tpcheck.layer_run: the values the layer computed in `dtype` (tpcheck's
+    name: "f32", "bf16", "f16"), held exactly as float64 arrays; `tf32` whether float32
+    GEMMs could use TF32."""
+
+    __slots__ = ("dtype", "tf32")
+
+    def __init__(self, raw: Mapping[str, Any], dtype: str, tf32: bool):
+        super().__init__(raw)
+        self.dtype = dtype
+        self.tf32 = tf32
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self.outputs.items()}
+        return f"LayerRun({self.dtype}, outputs={shapes}, grads={sorted(self.grads)})"
+
+
+class LayerTruth(_LayerResults):
+    """fp64 results of tpcheck.layer_truth (the fields of _LayerResults).
+    `truth_for(name, ...)` gives one of them to tpcheck.compare."""
+
+    __slots__ = ()
+
     @property
     def grad_input(self) -> Any:
         """Deprecated: input_grads["input"] (None without grad_output)."""
         warnings.warn("LayerTruth.grad_input is deprecated: use input_grads['input'] (the "
                       "field the module truth has too)", DeprecationWarning, stacklevel=2)
         return self.input_grads.get("input")
-
-    def tensors(self) -> dict[str, Any]:
-        """Every result under one name space: outputs, "input", then the parameters."""
-        return {**self.outputs, **self.input_grads, **self.grads}
 
     def truth_for(self, name: str, *, reduction_length: Optional[int] = None,
                   tp_size: Optional[int] = None) -> TruthTensor:
@@ -124,12 +152,37 @@ def layer_truth(layer: str, options: Optional[Mapping[str, Any]], params: Mappin
     the output (an array), or a dict {"output", "bias", "layernorm_output"} for layers
     that return more; returned tensors not in it get zero gradient.
     """
+    with input_errors():
+        raw = _tpcheck.run_layer(layer, _options_json(options), *_layer_arrays(params, inputs, grad_output),
+                                 device, dtype="f64")
+    return LayerTruth(raw)
+
+
+def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[str, Any],
+              inputs: Any, grad_output: Any = None, *, dtype: Any = "float32",
+              device: str = "cuda", tf32: bool = True) -> LayerRun:
+    """tpcheck's `layer` run as the suite runs it, on the caller's parameters, in `dtype`
+    ("float32", "bfloat16", "float16", or a torch/numpy dtype): the parameters, input and
+    grad_output are rounded to it first (exact when they already are in it), every op
+    computes in it, and float32 GEMMs on CUDA use TF32 when `tf32` (cuBLASLt's
+    CUBLAS_COMPUTE_32F_FAST_TF32, as TransformerEngine's float32 GEMMs do). The arguments
+    are layer_truth's; the results are the run's values, exactly, in float64 arrays. For
+    the truth use layer_truth."""
+    name = dtype_name(dtype)
+    if name not in ("f32", "bf16", "f16"):
+        raise InputError(f"layer_run: dtype {dtype!r}; expected float32, bfloat16 or float16 "
+                         "(the float64 run is layer_truth)")
+    with input_errors():
+        raw = _tpcheck.run_layer(layer, _options_json(options), *_layer_arrays(params, inputs, grad_output),
+                                 device, dtype=name, allow_tf32=bool(tf32))
+    return LayerRun(raw, name, bool(tf32) and name == "f32" and device == "cuda")
+
+
+def _layer_arrays(params: Mapping[str, Any], inputs: Any, grad_output: Any) -> tuple[dict, Any, dict]:
+    """(parameters, input, output gradients) as the compiled run takes them."""
     if isinstance(inputs, (list, tuple)):
         if len(inputs) != 1:
             raise InputError(f"inputs: tpcheck's layers take one input, got {len(inputs)}")
         inputs = inputs[0]
-    inputs = as_dlpack(detached(inputs), "inputs")
     prepared, grads = _arrays(params, grad_output)
-    with input_errors():
-        raw = _tpcheck.truth(layer, _options_json(options), prepared, inputs, grads, device)
-    return LayerTruth(raw)
+    return prepared, as_dlpack(detached(inputs), "inputs"), grads

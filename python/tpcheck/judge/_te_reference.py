@@ -140,9 +140,9 @@ class _Call:
         prepared = {n: as_dlpack(p.detach(), n) for n, p in zip(self.names, params)}
         g = {k: as_dlpack(v.detach().contiguous(), k) for k, v in (grads or {}).items()}
         with input_errors():
-            return _tpcheck.truth(self.kind, self.options_json, prepared,
-                                  as_dlpack(x.detach().contiguous(), "input"), g, device,
-                                  self.probe_u, self.probe_seed)
+            return _tpcheck.run_layer(self.kind, self.options_json, prepared,
+                                      as_dlpack(x.detach().contiguous(), "input"), g, device,
+                                      probe_u=self.probe_u, probe_seed=self.probe_seed)
 
 
 def _tensor(a: Any, like: torch.Tensor) -> torch.Tensor:
