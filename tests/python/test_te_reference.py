@@ -221,11 +221,33 @@ def tp2_results(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+def test_compare_tp_checks_the_replicated_fp8_state_across_ranks(tp2_results):
+    """The delayed-scaling state two steps left (amax histories, scales) is compared across
+    ranks bit for bit: with the amaxes max-reduced every rank's is rank 0's and compare_tp
+    passes with the state listed; without the reduction each rank scales with its own
+    amaxes, and the scale and the history fail as replicated state while every tensor
+    passes (the run itself is unquantized)."""
+    state = [r for r in tp2_results if r["case"] == "Linear row, FP8 state"]
+    assert [r["bug"] for r in state] == ["none", "none", "amax-not-reduced"]
+    names = ["fp8_meta.scaling_fwd.amax_history", "fp8_meta.scaling_fwd.scale"]
+    for r in state:
+        assert r["state"] == names, r
+        assert any("FP8 delayed-scaling state of 1 modules (2 amax histories and scales)" in n
+                   for n in r["notes"]), r
+        if r["bug"] == "none":
+            assert r["passed"], r
+        else:
+            assert not r["passed"] and r["failing"] == names, r
+            assert all("rank 1: " in why and "reduce_amax=False" in why for why in r["reasons"]), r
+            assert any("has reduce_amax=False" in n for n in r["notes"]), r
+
+
 def test_compare_tp_on_te_modules_at_tp2(tp2_results):
     """compare_tp under `truth` on the stand-ins at TP 2 (LayerNormMLP gelu/LayerNorm and
     swiglu/RMSNorm, row-parallel Linear): correct code passes on seeds 101 and 102 with the
     reference standing in once per truth; a dropped row-parallel all-reduce fails on the
     output."""
+    tp2_results = [r for r in tp2_results if r["case"] != "Linear row, FP8 state"]
     assert len(tp2_results) == 9
     for r in tp2_results:
         assert [x["calls"] for x in r["references"]] == [1], r
@@ -233,3 +255,20 @@ def test_compare_tp_on_te_modules_at_tp2(tp2_results):
             assert r["passed"], r
         else:
             assert not r["passed"] and "output" in r["failing"], r
+
+
+def test_compare_tp_refuses_to_run_inside_fp8_autocast(monkeypatch):
+    """Inside TE's fp8_autocast the unsharded twin (rank 0 alone) would join the amax
+    reduction at the region's end on one rank only: compare_tp says so before running."""
+    import types
+    from tpcheck.torch import compare_tp
+    te = types.ModuleType("transformer_engine.pytorch")
+    te.FP8GlobalStateManager = type("FP8GlobalStateManager", (), {
+        "is_fp8_enabled": classmethod(lambda cls: True)})
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
+    m = _filled(S.Linear(8, 4))
+    with pytest.raises(tpcheck.InputError, match="inside TransformerEngine's fp8_autocast; call "
+                                                 "it outside"):
+        compare_tp(m, m, (torch.randn(3, 8),), grad_output=torch.randn(3, 4))
+    te.FP8GlobalStateManager.is_fp8_enabled = classmethod(lambda cls: False)
+    assert compare_tp(m, m, (torch.randn(3, 8),), grad_output=torch.randn(3, 4)).passed

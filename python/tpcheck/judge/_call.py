@@ -120,6 +120,7 @@ class Call:
     sharded_full: dict = field(default_factory=dict)      # name → (kind, full tensor)
     replicas: set = field(default_factory=set)            # names of this rank's own copies
     copies: dict = field(default_factory=dict)            # replicas differing from rank 0's
+    state: dict = field(default_factory=dict)             # replicated quantizer state by name
     trace_summary: Optional[dict] = None
     backward: bool = False                                # did the sharded backward run
 

@@ -38,6 +38,7 @@ from ._gemm import GemmTrace
 from ._group import Group, portable
 from ._judging import judge_on_root
 from ._naming import named_inputs, named_tensors
+from ._replicated_state import quantized_region_open, replicated_state
 from ._report import TPReport
 from ._runs import input_gradients, leaf_inputs, one_device
 from ._te_reference import te_gather_strides
@@ -55,7 +56,14 @@ def _local_checks(c: Call) -> dict[str, Any]:
         raise InputError(f"{WHO}: unknown policy {o.policy!r}; expected one of {policies()}")
     if o.replicas not in REPLICA_MODES:
         raise InputError(f"{WHO}: replicas={o.replicas!r}; expected one of {list(REPLICA_MODES)}")
+    if quantized_region_open():
+        raise InputError(f"{WHO}: called inside TransformerEngine's fp8_autocast; call it "
+                         "outside: the unsharded twin runs on rank 0 alone, so the amax "
+                         "reduction at the region's end would not match across ranks. "
+                         "compare_tp judges the modules unquantized, and checks the FP8 state "
+                         "(amax histories, scales) that your quantized steps left")
     c.device = one_device(WHO, c.args, c.kwargs)
+    c.state = replicated_state(c.sharded)
     c.single_params = dict(c.single.named_parameters())
     c.sharded_params = dict(c.sharded.named_parameters())
     unknown = sorted(set(o.shards) - set(c.sharded_params))
@@ -79,7 +87,8 @@ def _local_checks(c: Call) -> dict[str, Any]:
     return call_signature(c.single, c.sharded, c.inputs, o.grad_output, {
         "policy": o.policy, "shards": o.shards, "input_dims": o.input_dims,
         "output_dims": o.output_dims, "backward": o.backward, "replicas": o.replicas,
-        "device type": c.device.type})
+        "device type": c.device.type,
+        "replicated state": {k: (tuple(t.shape), str(t.dtype)) for k, t in c.state.items()}})
 
 
 def _check_call(c: Call) -> None:
@@ -166,6 +175,18 @@ def _collect_differing_replicas(c: Call) -> None:
             c.copies[key] = t.detach().cpu()
 
 
+def _collect_differing_state(c: Call) -> None:
+    """The replicated quantizer state as the steps before this call left it (read before the
+    sharded run, which does not quantize): rank 0 keeps its own, the other ranks send what
+    differs from it."""
+    for name, t in c.state.items():
+        ref = c.g.tensor_from_root(t)
+        if c.g.judging:
+            c.state[name] = t.detach().clone()
+        elif not same_bits(ref, t):
+            c.copies[f"s:{name}"] = t.detach().cpu()
+
+
 def _run_sharded_module(c: Call) -> tuple[tuple, dict]:
     """forward + backward of the sharded module on this rank's inputs (traced)."""
     before = buffers(c.sharded)
@@ -188,6 +209,7 @@ def _sharded_run(c: Call) -> Optional[BaseException]:
     its outputs and gradients. A gather's error is returned, for the judging rank."""
     err = None
     try:
+        _collect_differing_state(c)
         p_args, p_kwargs = _run_sharded_module(c)
     except Exception as e:  # noqa: BLE001 - raised on every rank below
         err = e

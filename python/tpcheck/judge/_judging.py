@@ -15,6 +15,7 @@ from ._gemm import GemmTrace, choose_math
 from ._group import portable
 from ._module_truth import ModuleTruth, module_truth
 from ._nominal import unit_roundoff
+from ._replicated_state import reduce_amax_off, state_difference
 from ._report import TPReport
 from ._runs import input_gradients, leaf_inputs
 
@@ -145,6 +146,21 @@ def _judge_parameters(c: Call, report: TPReport, copies: dict) -> None:
                                        extra={"rank": r, "copy_of": k})
 
 
+def _judge_state(c: Call, report: TPReport, copies: dict) -> None:
+    """The replicated quantizer state: every rank's must be rank 0's bits."""
+    if not c.state:
+        return
+    for name, own in c.state.items():
+        report.add_state_check(name, [(r, state_difference(own, t))
+                                      for r, t in copies.get(f"s:{name}", [])])
+    modules = sorted({k.split("fp8_meta.")[0].rstrip(".") or "(the module)" for k in c.state})
+    off = reduce_amax_off(c.sharded)
+    report.notes.append(
+        f"the FP8 delayed-scaling state of {len(modules)} modules ({len(c.state)} amax "
+        "histories and scales) compared across ranks as the steps before this call left it"
+        + (f"; the recipe of {', '.join(off)} has reduce_amax=False" if off else ""))
+
+
 def _judge_tensors(report: TPReport, pairs: Pairs, truth: Optional[ModuleTruth],
                    copies: dict, model: dict, replicas: str) -> None:
     """Every output and gradient (and differing replicated copies) under the policy; with
@@ -180,6 +196,7 @@ def _judge(c: Call, payloads: list[dict]) -> TPReport:
         _note_truth(report, truth)
     copies = _copies(c, payloads)
     _judge_parameters(c, report, copies)
+    _judge_state(c, report, copies)
     _judge_tensors(report, pairs, truth, copies, model, c.opts.replicas)
     c.clock.lap("judging")
     report.seconds = c.clock.done()

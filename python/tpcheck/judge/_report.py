@@ -18,10 +18,12 @@ from .._names import SCHEMA_COMPARE_TP
 from ._result import Result, failure_summary
 from ._verdict import compare
 
-__all__ = ["TPReport", "KIND_PARAMETER"]
+__all__ = ["TPReport", "KIND_PARAMETER", "KIND_REPLICATED_STATE"]
 
 # the kind of the gathered-parameter checks (bitwise; compare_tp's own, not a suite kind)
 KIND_PARAMETER = "parameter"
+# the kind of the replicated quantizer state's checks (bitwise across ranks; compare_tp's own)
+KIND_REPLICATED_STATE = "replicated_state"
 
 _SHARED = ("policy", "tp_size", "error_model", "entries", "seconds", "backward", "notes",
            "truth_lifted", "truth_references")
@@ -96,6 +98,24 @@ class TPReport(Result):
                              "verdicts": {"bitwise": {"passed": same,
                                                       "status": "pass" if same else "fail",
                                                       "reason": reason}}, **(extra or {})})
+
+    def add_state_check(self, name: str, differences: list[tuple[int, Optional[str]]]) -> None:
+        """One tensor of the replicated quantizer state: `differences` holds (rank, how its
+        copy differs from rank 0's) for the ranks whose copy does."""
+        bad = [(r, d) for r, d in differences if d is not None]
+        if not bad:
+            reason = "every rank holds rank 0's bits"
+        else:
+            reason = ("; ".join(f"rank {r}: {d}" for r, d in bad) +
+                      ". Between steps every rank of the group holds the same delayed-scaling "
+                      "state (the amaxes are max-reduced over the group and the scales computed "
+                      "from them); different state means the ranks quantize with different "
+                      "scales: the amaxes were not reduced over the TP group "
+                      "(DelayedScaling(reduce_amax=False), or an fp8_group that is not it)")
+        self.entries.append({"name": name, "kind": KIND_REPLICATED_STATE, "statistics": {},
+                             "verdicts": {"replica": {"passed": not bad,
+                                                      "status": "fail" if bad else "pass",
+                                                      "reason": reason}}})
 
     def add_replica_verdict(self, rank0_copy: torch.Tensor, copy: torch.Tensor, rank: int) -> None:
         """The last entry (rank `rank`'s copy of a replicated tensor, which differs bitwise

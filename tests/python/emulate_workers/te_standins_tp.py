@@ -53,7 +53,52 @@ def case(name, make, input_dims, bug, seed):
             "references": report.truth_references}
 
 
+def delayed_scaling_step(module, group, reduce):
+    """What TE's delayed scaling leaves after a step, on a stand-in: the module's forward
+    state (input, weight, output amaxes; history length 4) with this rank's amaxes
+    max-reduced over `group` (reduce=True) or left alone, rolled into the history, and the
+    scales computed from the history's maximum (E4M3's 448, margin 0)."""
+    from types import SimpleNamespace
+    if not hasattr(module, "fp8_meta"):
+        module.fp8_meta = {"scaling_fwd": SimpleNamespace(amax_history=torch.zeros(4, 3),
+                                                          scale=torch.ones(3)),
+                           "recipe": SimpleNamespace(reduce_amax=reduce)}
+    state = module.fp8_meta["scaling_fwd"]
+    amax = torch.stack([torch.rand(()) + 1.0 + 0.5 * R, module.weight.abs().max().detach(),
+                        torch.rand(()) + 2.0])
+    if reduce:
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    state.amax_history.copy_(torch.roll(state.amax_history, -1, 0))
+    state.amax_history[-1] = amax
+    state.scale.copy_(448.0 / state.amax_history.max(0).values)
+
+
+def state_case(bug, seed):
+    """compare_tp on a row-parallel Linear whose FP8 state two steps left: every rank's
+    the same after reduced amaxes; each its own when they were not reduced."""
+    torch.manual_seed(seed)
+    single = S.Linear(64, 32, parallel_mode="row")
+    with torch.no_grad():
+        for p in single.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
+    sharded = S.Linear(64, 32, parallel_mode="row", tp_group=dist.group.WORLD, tp_size=N)
+    S.shard_like_te(single, sharded, R, N)
+    torch.manual_seed(seed + 1)  # the same activations' amaxes on every rank
+    for _ in range(2):
+        delayed_scaling_step(sharded, dist.group.WORLD, reduce=bug == "none")
+    x, dy = torch.randn(8, 2, 64), torch.randn(8, 2, 32)
+    report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims={"input": -1})
+    return {"case": "Linear row, FP8 state", "bug": bug, "seed": seed, "passed": report.passed,
+            "failing": [e["name"] for e in report.failures],
+            "state": [e["name"] for e in report.entries if e["kind"] == "replicated_state"],
+            "reasons": [e["reason"] for e in report.failures], "notes": report.notes,
+            "references": report.truth_references}
+
+
 results = []
+for seed in (101, 102):
+    results.append(state_case("none", seed))
+results.append(state_case("amax-not-reduced", 7))
 for name, make, dims in CASES:
     for seed in (101, 102):
         results.append(case(name, make, dims, "none", seed))
