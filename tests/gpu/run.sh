@@ -76,6 +76,15 @@ python_package() {
          >"$out/python_install.log" 2>&1; then
       python_installed="yes: $(basename "$whl")"
       row "python package" "installed $(basename "$whl")" ""
+      if [ "${TPCHECK_PYTHON_SOURCES:-0}" = 1 ]; then
+        # This checkout's .py files over the installed ones (the wheel's compiled module
+        # kept): Python-only changes made after the wheel was built, without the 5-minute
+        # rebuild. The table says so; figures from such a run name both commits.
+        local site
+        site="$(python3 -c 'import os, tpcheck; print(os.path.dirname(tpcheck.__file__))')"
+        (cd "$root/python/tpcheck" && find . -name '*.py' -exec cp --parents {} "$site" \;)
+        row "python package" "TPCHECK_PYTHON_SOURCES=1: the checkout's .py files over the wheel's ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git'))" ""
+      fi
     else
       python_installed="no"
     fi
@@ -505,14 +514,15 @@ fi
 #   TPCHECK_TE_NOMPS   1 (default): also TP 4 with --no-mps, for the wall time without MPS
 #   TPCHECK_TE_PARTS   numerics (TP 2 and 4 under MPS, the default launch; TP 4 --no-mps),
 #                      trace (fp32: TP 1 and TP 4 with --trace, tpcheck diff), modules (TE's
-#                      modules against tpcheck's float64 truth, tests/gpu/te_modules.py),
-#                      compare (compare_tp on TE's modules, tests/gpu/te_compare_tp.py);
-#                      default all four
+#                      modules against tpcheck's layers and the float64 truth,
+#                      tests/gpu/te_modules.py), compare (compare_tp on TE's modules and
+#                      their FP8 state, tests/gpu/te_compare_tp.py), failure (the reference
+#                      failure on TE at TP 4, examples/te_reference_failure.py); default all
 # MXFP8 and NVFP4 need Blackwell: their rows are TE's own availability answers.
 stage_te() (
   local bundle="${TPCHECK_TE_BUNDLE:-$root/.te}" te_home="${TE_DEST:-/tmp/te}" quant parts te_dir
   quant="${TPCHECK_TE_QUANT:-none fp8 fp8_cs fp8_block_scaling}"
-  parts="${TPCHECK_TE_PARTS:-modules compare numerics trace}"
+  parts="${TPCHECK_TE_PARTS:-modules compare failure numerics trace}"
   if ! python_package; then
     row "te" "$no_wheel" ""
     return
@@ -565,10 +575,20 @@ EOF
     grep -E "NUMERICAL CHECK FAILED|Error|error:" "$out/$log" | head -5 >>"$out/failures.txt"
   }
   if [[ " $parts " == *" modules "* ]]; then
-    # TE's modules (one GPU, float32) against tpcheck's float64 truth of the mapped layer.
-    timed "te: TE modules vs tpcheck's float64 truth (te_modules.py)" te_modules.log \
+    # TE's modules (one GPU, float32 with TF32 and bfloat16) against tpcheck's layers on the
+    # same parameters, and both against the float64 truth (the fidelity table).
+    timed "te: TE modules vs tpcheck's layers and the float64 truth (te_modules.py)" te_modules.log \
       python3 "$root/tests/gpu/te_modules.py" --out "$out/te_modules.json"
     cat "$out/te_modules.log" >>"$out/failures.txt"
+  fi
+  if [[ " $parts " == *" failure "* ]]; then
+    # The reference failure on TE itself: LayerNormMLP and TransformerLayer at
+    # run_numerics.py's float32 configuration, TP 4: TE's rule at atol 1e-5 and 5e-5,
+    # truth's verdict, the GEMM sites whose class changed (examples/te_reference_failure.py).
+    timed "te: the reference failure on TE, TP 4 (examples/te_reference_failure.py)" te_failure.log \
+      timeout "${TPCHECK_TE_TIMEOUT:-300}" python3 -m tpcheck emulate -n 4 -- \
+      "$root/examples/te_reference_failure.py" --out "$out/te_failure.json"
+    cat "$out/te_failure.log" >>"$out/failures.txt"
   fi
   if [[ " $parts " == *" compare "* ]]; then
     # compare_tp on TE's own modules at TP 2 and 4, the truth from tpcheck's layers.

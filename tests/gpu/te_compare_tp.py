@@ -8,7 +8,12 @@ Per case, on every rank as a TE user shards it: the unsharded module (tp_size 1)
 sharded one (tp_group = the launch's group, tp_size N, parallel_mode / set_parallel_mode),
 the sharded parameters sliced from the unsharded ones the way TE lays them out (dim-0/1
 slices; gated fc1's rank r holds [a_r; b_r]); input [64, 2, hidden], a random loss
-gradient; compare_tp under `truth` and `te`, first call and a second call timed. One bug:
+gradient; compare_tp under `truth` and `te`, first call and a second call timed (each call's
+phases kept). First, the replicated FP8 state (issue 43 item 5): Linear column, Linear row
+and LayerNormMLP after two delayed-scaling steps under TE's autocast, then compare_tp
+outside it; with the amaxes reduced over the TP group the state is every rank's and the
+call passes, with `reduce_amax=False` or the amaxes reduced over a one-rank group it fails
+on the state alone. One bug:
 LayerNormMLP's forward all-reduce of fc2 skipped (TE's `allreduce` in
 module/layernorm_mlp.py returning this rank's partial sum), which must fail under `truth`.
 Rank 0 writes OUT.json and prints a table; exit status 1 when a correct case fails under
@@ -98,16 +103,17 @@ def case(name, make, kind, in_dims, out_dims, dtype, bug):
     out = {"case": name, "dtype": str(dtype).replace("torch.", ""), "bug": bug}
     try:
         for policy in ("truth", "te"):
-            times = []
+            times, phases = [], []
             for _ in range(2):
                 t = time.perf_counter()
                 report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=in_dims,
                                     output_dims=out_dims, policy=policy)
                 times.append(round(time.perf_counter() - t, 3))
+                phases.append(report.seconds)
             out[policy] = {"passed": report.passed, "failing": [e["name"] for e in report.failures][:6],
                            "reasons": [list(e["verdicts"].values())[0]["reason"][:300]
                                        for e in report.failures][:2],
-                           "seconds": times, "error_model": report.error_model,
+                           "seconds": times, "phases": phases, "error_model": report.error_model,
                            "references": report.truth_references}
     except Exception as e:  # noqa: BLE001 - the case's error is its row
         out["error"] = f"{type(e).__name__}: {e}"
@@ -117,7 +123,57 @@ def case(name, make, kind, in_dims, out_dims, dtype, bug):
     return out
 
 
+def fp8_state_case(name, make, kind, in_dims, out_dims, bug):
+    """Two training steps of the sharded module under FP8 delayed scaling (TE's autocast
+    with the amaxes reduced over the TP group, as run_numerics.py does), then compare_tp
+    outside it: the state the steps left (amax histories, scales) must be the same on every
+    rank. The bugs: DelayedScaling(reduce_amax=False); the amaxes reduced over a group of
+    one rank (an fp8 group that is not the TP group)."""
+    from transformer_engine.common.recipe import DelayedScaling
+    torch.manual_seed(11)
+    single = make(torch.float32)
+    with torch.no_grad():
+        for p in single.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.05))
+    sharded = make(torch.float32, **tp_kwargs(kind))
+    shard_from(single, sharded)
+    own = [dist.new_group([r]) for r in range(N)][R]   # every rank makes every group
+    recipe = DelayedScaling(amax_history_len=4, reduce_amax=bug != "reduce_amax=False")
+    group = own if bug == "fp8 group of one rank" else dist.group.WORLD
+    hidden_in = 2 * H if kind == "row" else H
+    hidden_out = 2 * H if kind == "column" else H
+    g = torch.Generator(device="cuda").manual_seed(12)
+    out = {"case": f"{name}, FP8 state after 2 delayed-scaling steps", "dtype": "float32",
+           "bug": bug or False}
+    try:
+        for _ in range(2):
+            x = torch.randn(64, 2, hidden_in, device=DEV, generator=g)
+            dy = torch.randn(64, 2, hidden_out, device=DEV, generator=g)
+            x_local = x.chunk(N, -1)[R] if kind == "row" else x
+            dy_local = dy.chunk(N, -1)[R] if kind == "column" else dy
+            with te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group):
+                y = sharded(x_local)
+            y.backward(dy_local)
+        t = time.perf_counter()
+        report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=in_dims,
+                            output_dims=out_dims)
+        state = [e for e in report.entries if e["kind"] == "replicated_state"]
+        out["truth"] = {"passed": report.passed,
+                        "failing": [e["name"] for e in report.failures][:6],
+                        "reasons": [e["reason"][:300] for e in report.failures][:2],
+                        "state_entries": len(state), "seconds": [round(time.perf_counter() - t, 3)],
+                        "state_only": all(e["kind"] == "replicated_state" for e in report.failures)}
+        out["te"] = {"passed": None, "failing": []}
+    except Exception as e:  # noqa: BLE001 - the case's error is its row
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()[-3000:]
+    return out
+
+
 results = []
+for name, make, kind, in_dims, out_dims in CASES[:4]:
+    for bug in ("", "reduce_amax=False", "fp8 group of one rank"):
+        results.append(fp8_state_case(name, make, kind, in_dims, out_dims, bug))
 for dtype in (torch.float32, torch.bfloat16):
     for name, make, kind, in_dims, out_dims in CASES:
         results.append(case(name, make, kind, in_dims, out_dims, dtype, False))
@@ -136,9 +192,12 @@ if R == 0:
             continue
         want = not r["bug"]
         ok &= r["truth"]["passed"] == want
-        fmt = lambda v: "pass" if v["passed"] else f"FAIL {v['failing'][:3]}"
+        if "state_entries" in r["truth"]:   # an FP8-state case fails on the state alone
+            ok &= r["truth"]["state_entries"] > 0 and r["truth"]["state_only"]
+        fmt = lambda v: ("-" if v["passed"] is None else "pass" if v["passed"]
+                         else f"FAIL {v['failing'][:3]}")
         print(f"| {r['case']} | {r['dtype']} | {r['bug']} | {fmt(r['truth'])} | {fmt(r['te'])} "
-              f"| {r['truth']['seconds'][0]}, {r['truth']['seconds'][1]} |")
+              f"| {', '.join(str(v) for v in r['truth']['seconds'])} |")
     print("te_compare_tp: every expectation under truth holds" if ok else
           "te_compare_tp: EXPECTATIONS NOT MET")
 sys.exit(0 if ok else 1)
