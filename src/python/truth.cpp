@@ -43,8 +43,15 @@ Built build(const std::string& kind, const nlohmann::json& options, const std::s
   } else {
     TPCHECK_CHECK_INPUT(device == "cuda", "device '{}': expected 'cpu' or 'cuda'", device);
     CudaBackendOptions o;
-    o.allow_tf32 = allow_tf32;
+    o.allow_tf32 = allow_tf32;  // what cuBLASLt may use; the gemm rule below says what it must
     b.backend = make_cuda_backend(o);
+  }
+  if (allow_tf32) {
+    // f32 GEMMs in the TF32 class, as the suite runs them with TF32 allowed (the CPU
+    // backend rounds their operands to TF32; cuBLASLt computes 32F_FAST_TF32)
+    GemmClassRule rule;
+    rule.f32_class = MathClass::kTf32;
+    b.backend->set_gemm_rule(rule);
   }
   if (probe_u > 0) {
     TPCHECK_CHECK_INPUT(probe_u < 1, "probe_u {}: expected 0 (no probe) or 0 < u < 1", probe_u);

@@ -414,7 +414,7 @@ def test_layer_run_computes_in_the_dtype_asked_and_stays_near_the_truth(dtype, n
     x = rng.normal(size=(12, 16)).astype(fmt).astype(np.float64)
     dy = rng.normal(size=(12, 16)).astype(fmt).astype(np.float64)
     run = tpcheck.layer_run("LayerNormMLP", opts, params, x, grad_output=dy, dtype=dtype,
-                            device="cpu")
+                            device="cpu", tf32=False)
     truth = tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=dy)
     assert isinstance(run, tpcheck.LayerRun) and run.dtype == {"float32": "f32"}.get(dtype, "bf16")
     assert sorted(run.tensors()) == sorted(truth.tensors())
@@ -425,6 +425,28 @@ def test_layer_run_computes_in_the_dtype_asked_and_stays_near_the_truth(dtype, n
         # worst 3.6 u (f32) and 1.6 u (bf16) on seed 5 (calibration), 2.6 u and 0.9 u on
         # seed 11 (this test)
         assert 0 < err < 20 * u, (k, err)
+
+
+def test_layer_run_with_tf32_rounds_its_float32_gemms_to_tf32():
+    """tf32=True puts the float32 GEMMs in the TF32 class (on the CPU: their operands rounded
+    to TF32's 10-bit mantissa), as TE's float32 GEMMs run: the worst tensor's error against
+    the truth grows from float32's to TF32's (u = 2^-11). Seed 5 (calibration): worst
+    2.2e-7 without, 7.6e-4 = 1.5 u with, 3500x; seed 11 (this test): 1.6e-7, 4.3e-4, 2750x."""
+    opts = {"hidden_size": 16, "ffn_hidden_size": 24}
+    rng = np.random.default_rng(11)
+    f32 = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731
+    params = {k: f32(rng.normal(scale=0.3, size=s))
+              for k, s in tpcheck.layer_parameters("LayerNormMLP", opts).items()}
+    x, dy = f32(rng.normal(size=(12, 16))), f32(rng.normal(size=(12, 16)))
+    truth = tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=dy).tensors()
+    worst = {}
+    for tf32 in (False, True):
+        run = tpcheck.layer_run("LayerNormMLP", opts, params, x, grad_output=dy, dtype="float32",
+                                device="cpu", tf32=tf32)
+        assert run.tf32 == tf32
+        worst[tf32] = max(rel_norm(v, truth[k]) for k, v in run.tensors().items())
+    assert worst[True] > 100 * worst[False], worst
+    assert worst[True] < 20 * 2.0**-11, worst
 
 
 def test_layer_run_refuses_what_it_does_not_run():

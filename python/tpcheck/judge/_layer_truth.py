@@ -55,8 +55,8 @@ class _LayerResults:
 
 class LayerRun(_LayerResults):
     """Results of tpcheck.layer_run: the values the layer computed in `dtype` (tpcheck's
-    name: "f32", "bf16", "f16"), held exactly as float64 arrays; `tf32` whether float32
-    GEMMs could use TF32."""
+    name: "f32", "bf16", "f16"), held exactly as float64 arrays; `tf32` whether its float32
+    GEMMs were in the TF32 class."""
 
     __slots__ = ("dtype", "tf32")
 
@@ -164,8 +164,9 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     """tpcheck's `layer` run as the suite runs it, on the caller's parameters, in `dtype`
     ("float32", "bfloat16", "float16", or a torch/numpy dtype): the parameters, input and
     grad_output are rounded to it first (exact when they already are in it), every op
-    computes in it, and float32 GEMMs on CUDA use TF32 when `tf32` (cuBLASLt's
-    CUBLAS_COMPUTE_32F_FAST_TF32, as TransformerEngine's float32 GEMMs do). The arguments
+    computes in it, and float32 GEMMs are in the TF32 class when `tf32` (on CUDA cuBLASLt's
+    CUBLAS_COMPUTE_32F_FAST_TF32, as TransformerEngine's float32 GEMMs; on the CPU their
+    operands rounded to TF32, as the suite's CPU runs do). The arguments
     are layer_truth's; the results are the run's values, exactly, in float64 arrays. For
     the truth use layer_truth."""
     name = dtype_name(dtype)
@@ -175,7 +176,7 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     with input_errors():
         raw = _tpcheck.run_layer(layer, _options_json(options), *_layer_arrays(params, inputs, grad_output),
                                  device, dtype=name, allow_tf32=bool(tf32))
-    return LayerRun(raw, name, bool(tf32) and name == "f32" and device == "cuda")
+    return LayerRun(raw, name, bool(tf32) and name == "f32")
 
 
 def _layer_arrays(params: Mapping[str, Any], inputs: Any, grad_output: Any) -> tuple[dict, Any, dict]:
