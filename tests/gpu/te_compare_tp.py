@@ -7,8 +7,9 @@ item 2). tests/gpu/run.sh's `te` stage runs it (part `compare`):
 Per case, on every rank as a TE user shards it: the unsharded module (tp_size 1) and the
 sharded one (tp_group = the launch's group, tp_size N, parallel_mode / set_parallel_mode),
 the sharded parameters sliced from the unsharded ones the way TE lays them out (dim-0/1
-slices; gated fc1's rank r holds [a_r; b_r]); input [64, 2, hidden], a random loss
-gradient; compare_tp under `truth` and `te`, first call and a second call timed (each call's
+slices; gated fc1's rank r holds [a_r; b_r]); input [64, 2, hidden] (under sequence
+parallel each rank takes its tokens: LayerNormLinear, LayerNorm, RMSNorm, LayerNormMLP), a
+random loss gradient; compare_tp under `truth` and `te`, first call and a second call timed (each call's
 phases kept). First, the replicated FP8 state (issue 43 item 5): Linear column, Linear row
 and LayerNormMLP after two delayed-scaling steps under TE's autocast, then compare_tp
 outside it; with the amaxes reduced over the TP group the state is every rank's and the
@@ -51,6 +52,17 @@ CASES = [
      "column", {}, {"output": -1}),
     ("Linear row", lambda dt, **k: te.Linear(2 * H, H, params_dtype=dt, device="cuda", **k),
      "row", {"input": -1}, {}),
+    ("LayerNormLinear column", lambda dt, **k: te.LayerNormLinear(
+        H, 2 * H, params_dtype=dt, device="cuda", **k), "column", {}, {"output": -1}),
+    ("LayerNormLinear column, sequence parallel", lambda dt, **k: te.LayerNormLinear(
+        H, 2 * H, params_dtype=dt, device="cuda", **sp(k)), "column", {"input": 0}, {"output": -1}),
+    ("LayerNorm, sequence parallel", lambda dt, **k: te.LayerNorm(
+        H, params_dtype=dt, device="cuda", **k), "norm", {"input": 0}, {"output": 0}),
+    ("RMSNorm zero-centred gamma, sequence parallel", lambda dt, **k: te.RMSNorm(
+        H, zero_centered_gamma=True, params_dtype=dt, device="cuda", **k), "norm",
+     {"input": 0}, {"output": 0}),
+    ("LayerNormMLP gelu LayerNorm, sequence parallel", lambda dt, **k: te.LayerNormMLP(
+        H, F, params_dtype=dt, device="cuda", **sp(k)), "mlp", {"input": 0}, {"output": 0}),
     ("MultiheadAttention LayerNorm GQA causal", lambda dt, **k: te.MultiheadAttention(
         H, 8, num_gqa_groups=4, input_layernorm=True, attention_dropout=0.0, params_dtype=dt,
         device="cuda", **k), "mha", {}, {}),
@@ -60,7 +72,14 @@ CASES = [
 ]
 
 
+def sp(k):
+    """Sequence parallel on the sharded module (the unsharded one is built without)."""
+    return {**k, "sequence_parallel": True} if k else k
+
+
 def tp_kwargs(kind):
+    if kind == "norm":  # a standalone norm is sharded by its tokens alone; its weights'
+        return {"sequence_parallel": True}  # gradients: partial sums compare_tp all-reduces
     k = {"tp_group": dist.group.WORLD, "tp_size": N}
     if kind in ("mlp", "mha"):
         k["set_parallel_mode"] = True
