@@ -142,6 +142,18 @@ def case(name, make, kind, in_dims, out_dims, dtype, bug):
     return out
 
 
+def first_plain_step(module):
+    """Seconds of one unquantized forward + backward of `module` alone (its kernels' first
+    use in this process when it is the first), kept apart from compare_tp's own time."""
+    x = torch.randn(64, 2, module.weight.shape[1] if hasattr(module, "weight") else H,
+                    device=DEV, requires_grad=True)
+    t = time.perf_counter()
+    module(x).sum().backward()
+    torch.cuda.synchronize()
+    module.zero_grad(set_to_none=True)
+    return round(time.perf_counter() - t, 3)
+
+
 def fp8_state_case(name, make, kind, in_dims, out_dims, bug):
     """Two training steps of the sharded module under FP8 delayed scaling (TE's autocast
     with the amaxes reduced over the TP group, as run_numerics.py does), then compare_tp
@@ -173,6 +185,8 @@ def fp8_state_case(name, make, kind, in_dims, out_dims, bug):
             with te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group):
                 y = sharded(x_local)
             y.backward(dy_local)
+        if not bug:   # TE's own first unquantized fwd+bwd in this process, for the timings
+            out["te_first_fwd_bwd_s"] = first_plain_step(single)
         t = time.perf_counter()
         report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=in_dims,
                             output_dims=out_dims)
@@ -181,6 +195,7 @@ def fp8_state_case(name, make, kind, in_dims, out_dims, bug):
                         "failing": [e["name"] for e in report.failures][:6],
                         "reasons": [e["reason"][:300] for e in report.failures][:2],
                         "state_entries": len(state), "seconds": [round(time.perf_counter() - t, 3)],
+                        "phases": [report.seconds],
                         "state_only": all(e["kind"] == "replicated_state" for e in report.failures)}
         out["te"] = {"passed": None, "failing": []}
     except Exception as e:  # noqa: BLE001 - the case's error is its row
@@ -217,6 +232,11 @@ if R == 0:
                          else f"FAIL {v['failing'][:3]}")
         print(f"| {r['case']} | {r['dtype']} | {r['bug']} | {fmt(r['truth'])} | {fmt(r['te'])} "
               f"| {', '.join(str(v) for v in r['truth']['seconds'])} |")
+    first = results[0]
+    if "truth" in first:
+        print(f"the process's first compare_tp ({first['case']}): {first['truth']['seconds'][0]} s, "
+              f"phases {first['truth']['phases'][0]}; TE's own first unquantized fwd+bwd of the "
+              f"unsharded module just before it: {first.get('te_first_fwd_bwd_s')} s")
     print("te_compare_tp: every expectation under truth holds" if ok else
           "te_compare_tp: EXPECTATIONS NOT MET")
 sys.exit(0 if ok else 1)
