@@ -83,7 +83,8 @@ python_package() {
         local site
         site="$(python3 -c 'import os, tpcheck; print(os.path.dirname(tpcheck.__file__))')"
         (cd "$root/python/tpcheck" && find . -name '*.py' -exec cp --parents {} "$site" \;)
-        row "python package" "TPCHECK_PYTHON_SOURCES=1: the checkout's .py files over the wheel's ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git'))" ""
+        # (no commit here: the machine's copy of .git can name an older HEAD than the tree's)
+        row "python package" "TPCHECK_PYTHON_SOURCES=1: the checkout's .py files over the wheel's${TPCHECK_COMMIT:+ ($TPCHECK_COMMIT)}" ""
       fi
     else
       python_installed="no"
