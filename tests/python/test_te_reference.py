@@ -195,6 +195,10 @@ def test_multihead_attention_refusals():
     m.attn_mask_type, m.q_norm = "causal", torch.nn.Identity()
     with pytest.raises(tpcheck.InputError, match=r"qk_norm_type"):
         truth(m, x)
+    m.q_norm, m.cp_size = None, 2   # what TE's set_context_parallel_group leaves
+    with pytest.raises(tpcheck.InputError, match=r"context parallel .*cp_size=2 is not followed"):
+        truth(m, x)
+    m.cp_size = 1
     fused = S.MultiheadAttention(32, 4, fuse_qkv_params=True, qkv_weight_interleaved=False)
     fused.tp_size = 2
     fused.layernorm_qkv.parallel_mode = "column"

@@ -333,6 +333,10 @@ def _mha(te_class: str, m: Any) -> tuple[dict, list, Optional[str], int, bool]:
             raise _refuse(te_class, name, value, why)
     if getattr(m, "q_norm", None) is not None or getattr(m, "k_norm", None) is not None:
         raise _refuse(te_class, "qk_norm_type", "set", "no query/key norm in tpcheck's attention")
+    cp_size = int(getattr(m, "cp_size", 1) or 1)
+    if cp_size > 1:  # set_context_parallel_group: each rank holds a slice of the sequence
+        raise _refuse(te_class, "context parallel (set_context_parallel_group), cp_size", cp_size,
+                      "tpcheck's attention sees the whole sequence on every rank")
     mask = getattr(m, "attn_mask_type", "causal")
     if mask not in ("causal", "no_mask"):
         raise _refuse(te_class, "attn_mask_type", mask, "tpcheck has causal and no_mask")
