@@ -1,13 +1,18 @@
 // truth.cpp — see truth.h.
 #include "python/truth.h"
 
+#include <functional>
 #include <set>
+#include <tuple>
 
 #include "tpcheck/backend.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/error.h"
 #include "tpcheck/layers/any_layer.h"
+#include "tpcheck/run_options.h"
+#include "tpcheck/shard.h"
+#include "run/execution.h"
 
 namespace tpcheck {
 namespace {
@@ -82,41 +87,10 @@ Tensor host_copy_in(const Tensor& src, DType dtype) {
   return out;
 }
 
-}  // namespace
-
-std::vector<std::pair<std::string, Shape>> layer_parameter_shapes(const std::string& kind,
-                                                                   const nlohmann::json& options) {
-  Built b = build(kind, options, "cpu");
-  std::vector<std::pair<std::string, Shape>> out;
-  for (const Parameter* p : b.layer->parameters()) out.emplace_back(p->name, p->global_shape);
-  return out;
-}
-
-LayerRunResult run_layer(const LayerRunRequest& r) {
-  TPCHECK_CHECK_INPUT(r.input.defined(), "{}: the input is missing", r.kind);
-  const DType dtype = parse_dtype(r.dtype);
-  TPCHECK_CHECK_INPUT(dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kBF16 ||
-                          dtype == DType::kF16,
-                      "dtype '{}': expected f64 (the truth), f32, bf16 or f16", r.dtype);
-  TPCHECK_CHECK_INPUT(r.probe_u >= 0, "probe_u {}: expected 0 (no probe) or 0 < u < 1", r.probe_u);
-  TPCHECK_CHECK_INPUT(r.probe_u == 0 || dtype == DType::kF64,
-                      "probe_u {} with dtype {}: the rounding probe perturbs the f64 truth only",
-                      r.probe_u, r.dtype);
-  // Everything the caller gave, in the run's dtype on the host first: a caller's device
-  // arrays are read on the stream they were handed over on, before the layer's backend
-  // (its own stream) exists.
-  std::map<std::string, Tensor> given_params, given_grads;
-  for (const auto& [name, t] : r.params) {
-    if (!is_extra_state(name)) given_params[name] = host_copy_in(t, dtype);
-  }
-  for (const auto& [name, t] : r.grad_outputs) given_grads[name] = host_copy_in(t, dtype);
-  const Tensor x_host = host_copy_in(r.input, dtype);
-
-  Built b = build(r.kind, r.options, r.device, dtype, r.allow_tf32, r.probe_u, r.probe_seed);
-  const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
-  std::vector<Parameter*> params = b.layer->parameters();
-
-  // Names and shapes, all mismatches in one message.
+// The caller's parameters against the layer's: names and global shapes, every mismatch in
+// one message.
+void check_parameter_names(const std::string& kind, const std::vector<Parameter*>& params,
+                           const std::map<std::string, Tensor>& given_params) {
   std::set<std::string> given;
   for (const auto& [name, t] : given_params) given.insert(name);
   std::vector<std::string> missing, mismatched;
@@ -138,46 +112,220 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
     if (!given.empty()) problems += fmt::format("unexpected: {}; ", fmt::join(given, ", "));
     if (!mismatched.empty()) problems += fmt::format("wrong shape: {}; ", fmt::join(mismatched, "; "));
     TPCHECK_CHECK_INPUT(false, "{} parameters do not match its state_dict names: {}expected: {}",
-                        r.kind, problems, expected_list(params));
+                        kind, problems, expected_list(params));
   }
-  for (Parameter* p : params) p->value.copy_from(given_params.at(p->name).to_device(device));
+}
 
-  const Tensor x = x_host.to_device(device);
-  const LayerOutputs outs = b.layer->forward(x);
-  LayerRunResult result;
-  const std::pair<const char*, const Tensor*> returned[] = {
-      {"output", &outs.output}, {"bias", &outs.bias}, {"layernorm_output", &outs.layernorm_output}};
-  for (const auto& [name, t] : returned) {
-    if (t->defined()) result.outputs[name] = t->to_host();
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> layer_parameter_shapes(const std::string& kind,
+                                                                   const nlohmann::json& options) {
+  Built b = build(kind, options, "cpu");
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const Parameter* p : b.layer->parameters()) out.emplace_back(p->name, p->global_shape);
+  return out;
+}
+
+namespace {
+
+// What the caller gave, in the run's dtype on the host.
+struct Given {
+  std::map<std::string, Tensor> params, grads;
+  Tensor input;
+};
+
+// The global shape of a tensor whose rank-local piece has `local` shape under `spec` (one
+// block per rank along spec.dim: the layers' input and output layouts).
+Shape global_shape_of(Shape local, const ShardSpec& spec, int world) {
+  if (!spec.is_replicated()) local[static_cast<std::size_t>(spec.dim)] *= world;
+  return local;
+}
+
+// One rank's local results (rank r of `world`; world 1: the unsharded layer), on the host.
+struct RankResults {
+  std::map<std::string, Tensor> outputs;
+  std::map<std::string, ShardSpec> output_layouts;
+  Tensor grad_input;
+  std::map<std::string, Tensor> grads;
+};
+
+// A rank's run: its shards of the caller's parameters, input and output gradients, then
+// forward and (with output gradients) backward.
+RankResults run_rank(const std::string& kind, AnyLayer& layer, Device device, DType dtype,
+                     const Given& given, int rank, int world) {
+  std::vector<Parameter*> params = layer.parameters();
+  check_parameter_names(kind, params, given.params);
+  for (Parameter* p : params) {
+    p->value.copy_from(take_shard(given.params.at(p->name), p->shard, rank, world).to_device(device));
   }
-  if (given_grads.empty()) return result;
-
-  OutputGrads grads;
-  Tensor* slots[] = {&grads.output, &grads.bias, &grads.layernorm_output};
+  const LayerOutputs outs =
+      layer.forward(take_shard(given.input, layer.input_layout(), rank, world).to_device(device));
+  const OutputLayout layout = layer.output_layout();
+  RankResults result;
+  const std::tuple<const char*, const Tensor*, const ShardSpec*, Tensor OutputGrads::*> returned[] = {
+      {"output", &outs.output, &layout.output, &OutputGrads::output},
+      {"bias", &outs.bias, &layout.bias, &OutputGrads::bias},
+      {"layernorm_output", &outs.layernorm_output, &layout.layernorm_output,
+       &OutputGrads::layernorm_output}};
   std::vector<std::string> returned_names;
-  for (const auto& [name, t] : result.outputs) returned_names.push_back(name);
-  for (const auto& [name, g] : given_grads) {
+  for (const auto& [name, t, spec, slot] : returned) {
+    if (!t->defined()) continue;
+    result.outputs[name] = t->to_host();
+    result.output_layouts[name] = *spec;
+    returned_names.push_back(name);
+  }
+  if (given.grads.empty()) return result;
+
+  for (const auto& [name, g] : given.grads) {
     TPCHECK_CHECK_INPUT(result.outputs.count(name) == 1,
                         "{}: grad_output '{}' given, but the layer returns only {} (with these "
                         "options)",
-                        r.kind, name, fmt::join(returned_names, ", "));
+                        kind, name, fmt::join(returned_names, ", "));
   }
-  for (std::size_t i = 0; i < 3; ++i) {
-    const auto& [name, t] = returned[i];
+  OutputGrads grads;
+  for (const auto& [name, t, spec, slot] : returned) {
     if (!t->defined()) continue;
-    auto it = given_grads.find(name);
-    if (it == given_grads.end()) {
-      *slots[i] = Tensor::zeros(t->shape(), dtype, device);  // not in the loss
+    auto it = given.grads.find(name);
+    if (it == given.grads.end()) {
+      grads.*slot = Tensor::zeros(t->shape(), dtype, device);  // not in the loss
       continue;
     }
-    TPCHECK_CHECK_INPUT(it->second.shape() == t->shape(),
-                        "{}: grad_output '{}' has shape {}, the {} has shape {}", r.kind, name,
-                        shape_str(it->second.shape()), name, shape_str(t->shape()));
-    *slots[i] = it->second.to_device(device);
+    const Shape global = global_shape_of(t->shape(), *spec, world);
+    TPCHECK_CHECK_INPUT(it->second.shape() == global,
+                        "{}: grad_output '{}' has shape {}, the {} has shape {}", kind, name,
+                        shape_str(it->second.shape()), name, shape_str(global));
+    grads.*slot = take_shard(it->second, *spec, rank, world).to_device(device);
   }
-  result.grad_input = b.layer->backward(grads).to_host();
-  if (b.layer->delays_wgrad()) b.layer->backward_dw();
+  result.grad_input = layer.backward(grads).to_host();
+  if (layer.delays_wgrad()) layer.backward_dw();
   for (const Parameter* p : params) result.grads[p->name] = p->gradient().to_host();
+  return result;
+}
+
+// The whole tensor from every rank's piece (rank 0's when it is replicated: the same on
+// every rank, by a collective or the same computation).
+Tensor assembled(const std::vector<RankResults>& ranks, const ShardSpec& spec,
+                 const std::function<const Tensor&(const RankResults&)>& piece) {
+  if (spec.is_replicated() || ranks.size() == 1) return piece(ranks[0]);
+  std::vector<Tensor> pieces;
+  for (const RankResults& r : ranks) pieces.push_back(piece(r));
+  return assemble_shards(pieces, spec);
+}
+
+// The run at tp_size > 1: the suite's own group for the device (`tpcheck run --backend D
+// --tp N`'s execution: CPU threads, or every rank on GPU 0 over the device group, NCCL's
+// ring order), each rank a thread of this process; the ranks' pieces assembled after.
+LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& given) {
+  RunOptions o;
+  set_run_option(o, "backend", r.device);
+  set_run_option(o, "tp", std::to_string(r.tp_size));
+  set_run_option(o, "tf32", r.allow_tf32 ? "on" : "off");
+  GemmClassRule cpu_rule;
+  if (r.allow_tf32) cpu_rule.f32_class = MathClass::kTf32;
+  RunSettings settings;
+  const ResolvedExecution resolved = resolve_execution(o, cpu_rule, settings);
+  const Execution& execution = resolved.execution;
+  const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
+
+  std::vector<RankResults> ranks(static_cast<std::size_t>(r.tp_size));
+  std::vector<ShardSpec> input_layouts(ranks.size());
+  std::vector<std::map<std::string, ShardSpec>> param_shards(ranks.size());
+  execution.launch_group(r.tp_size, [&](Communicator& group) {
+    std::unique_ptr<Backend> backend = execution.make_backend(group.rank());
+    backend->set_gemm_rule(resolved.gemm_rule);
+    backend->set_rank(group.rank());
+    ModuleContext ctx;
+    ctx.backend = backend.get();
+    ctx.comm = &group;
+    ctx.seed = 0;  // every parameter is overwritten with the caller's
+    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{r.kind, options_in(r.options, dtype)}, ctx);
+    const auto me = static_cast<std::size_t>(group.rank());
+    ranks[me] = run_rank(r.kind, *layer, device, dtype, given, group.rank(), r.tp_size);
+    input_layouts[me] = layer->input_layout();
+    for (const Parameter* p : layer->parameters()) param_shards[me][p->name] = p->shard;
+  });
+
+  LayerRunResult result;
+  for (const auto& [name, spec] : ranks[0].output_layouts) {
+    result.outputs[name] = assembled(ranks, spec, [&name](const RankResults& x) -> const Tensor& {
+      return x.outputs.at(name);
+    });
+  }
+  if (!ranks[0].grad_input.defined()) return result;
+  result.grad_input = assembled(ranks, input_layouts[0],
+                                [](const RankResults& x) -> const Tensor& { return x.grad_input; });
+  for (const auto& [name, spec] : param_shards[0]) {
+    result.grads[name] = assembled(ranks, spec, [&name](const RankResults& x) -> const Tensor& {
+      return x.grads.at(name);
+    });
+  }
+  return result;
+}
+
+}  // namespace
+
+LayerRunResult run_layer(const LayerRunRequest& r) {
+  TPCHECK_CHECK_INPUT(r.input.defined(), "{}: the input is missing", r.kind);
+  const DType dtype = parse_dtype(r.dtype);
+  TPCHECK_CHECK_INPUT(dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kBF16 ||
+                          dtype == DType::kF16,
+                      "dtype '{}': expected f64 (the truth), f32, bf16 or f16", r.dtype);
+  TPCHECK_CHECK_INPUT(r.probe_u >= 0, "probe_u {}: expected 0 (no probe) or 0 < u < 1", r.probe_u);
+  TPCHECK_CHECK_INPUT(r.probe_u == 0 || dtype == DType::kF64,
+                      "probe_u {} with dtype {}: the rounding probe perturbs the f64 truth only",
+                      r.probe_u, r.dtype);
+  TPCHECK_CHECK_INPUT(r.tp_size >= 1 && r.tp_size <= 64, "tp_size {}: expected 1 to 64", r.tp_size);
+  TPCHECK_CHECK_INPUT(r.tp_size == 1 || r.probe_u == 0,
+                      "probe_u {} at tp_size {}: the rounding probe runs the unsharded truth only",
+                      r.probe_u, r.tp_size);
+  // Everything the caller gave, in the run's dtype on the host first: a caller's device
+  // arrays are read on the stream they were handed over on, before the layer's backend
+  // (its own stream) exists.
+  Given given;
+  for (const auto& [name, t] : r.params) {
+    if (!is_extra_state(name)) given.params[name] = host_copy_in(t, dtype);
+  }
+  for (const auto& [name, t] : r.grad_outputs) given.grads[name] = host_copy_in(t, dtype);
+  given.input = host_copy_in(r.input, dtype);
+  // The token layers take [T, features] (T: every leading dimension, docs/LAYERS.md) and
+  // state their layouts for that view; the attention layers take [s, b, hidden]. A caller's
+  // [s, b, features] goes in flattened and its results come back in the caller's shape.
+  const Shape input_shape = given.input.shape();
+  const bool flatten = r.kind != "MultiheadAttention" && r.kind != "TransformerLayer" &&
+                       input_shape.size() > 2;
+  auto tokens_2d = [](const Tensor& t) {
+    Shape s = t.shape();
+    std::int64_t tokens = 1;
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) tokens *= s[i];
+    return t.reshape(Shape{tokens, s.back()});
+  };
+  if (flatten) {
+    given.input = tokens_2d(given.input);
+    for (auto& [name, g] : given.grads) {
+      if (g.shape().size() > 1) g = tokens_2d(g);
+    }
+  }
+
+  LayerRunResult result;
+  if (r.tp_size > 1) {
+    result = run_sharded(r, dtype, given);
+  } else {
+    Built b = build(r.kind, r.options, r.device, dtype, r.allow_tf32, r.probe_u, r.probe_seed);
+    const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
+    RankResults mine = run_rank(r.kind, *b.layer, device, dtype, given, 0, 1);
+    result.outputs = std::move(mine.outputs);
+    result.grad_input = std::move(mine.grad_input);
+    result.grads = std::move(mine.grads);
+  }
+  if (flatten) {
+    for (auto& [name, t] : result.outputs) {
+      if (t.shape().size() != 2) continue;  // a returned bias: [features]
+      Shape back(input_shape.begin(), input_shape.end() - 1);
+      back.push_back(t.shape().back());
+      t = t.reshape(back);
+    }
+    if (result.grad_input.defined()) result.grad_input = result.grad_input.reshape(input_shape);
+  }
   return result;
 }
 

@@ -160,7 +160,7 @@ def layer_truth(layer: str, options: Optional[Mapping[str, Any]], params: Mappin
 
 def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[str, Any],
               inputs: Any, grad_output: Any = None, *, dtype: Any = "float32",
-              device: str = "cuda", tf32: bool = True) -> LayerRun:
+              device: str = "cuda", tf32: bool = True, tp_size: int = 1) -> LayerRun:
     """tpcheck's `layer` run as the suite runs it, on the caller's parameters, in `dtype`
     ("float32", "bfloat16", "float16", or a torch/numpy dtype): the parameters, input and
     grad_output are rounded to it first (exact when they already are in it), every op
@@ -168,14 +168,23 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     CUBLAS_COMPUTE_32F_FAST_TF32, as TransformerEngine's float32 GEMMs; on the CPU their
     operands rounded to TF32, as the suite's CPU runs do). The arguments
     are layer_truth's; the results are the run's values, exactly, in float64 arrays. For
-    the truth use layer_truth."""
+    the truth use layer_truth.
+
+    tp_size > 1 runs the layer sharded over that many ranks as `tpcheck run --backend
+    <device> --tp N` does (threads of this process: on the CPU the thread group, on CUDA
+    every rank on GPU 0 over the device group in NCCL's ring order), each rank on its
+    shards of the full parameters, input and output gradients given here (the layer's
+    options say the parallel mode and sequence parallel); the results are the full
+    tensors reassembled from the ranks' pieces (a replicated one: rank 0's)."""
     name = dtype_name(dtype)
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise InputError(f"layer_run: tp_size {tp_size!r}; expected an int >= 1")
     if name not in ("f32", "bf16", "f16"):
         raise InputError(f"layer_run: dtype {dtype!r}; expected float32, bfloat16 or float16 "
                          "(the float64 run is layer_truth)")
     with input_errors():
         raw = _tpcheck.run_layer(layer, _options_json(options), *_layer_arrays(params, inputs, grad_output),
-                                 device, dtype=name, allow_tf32=bool(tf32))
+                                 device, dtype=name, allow_tf32=bool(tf32), tp_size=tp_size)
     return LayerRun(raw, name, bool(tf32) and name == "f32")
 
 
