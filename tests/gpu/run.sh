@@ -516,14 +516,15 @@ fi
 #   TPCHECK_TE_PARTS   numerics (TP 2 and 4 under MPS, the default launch; TP 4 --no-mps),
 #                      trace (fp32: TP 1 and TP 4 with --trace, tpcheck diff), modules (TE's
 #                      modules against tpcheck's layers and the float64 truth,
-#                      tests/gpu/te_modules.py), compare (compare_tp on TE's modules and
+#                      tests/gpu/te_modules.py), fidelity (the same at TP 4,
+#                      tests/gpu/te_fidelity_tp.py), compare (compare_tp on TE's modules and
 #                      their FP8 state, tests/gpu/te_compare_tp.py), failure (the reference
 #                      failure on TE at TP 4, examples/te_reference_failure.py); default all
 # MXFP8 and NVFP4 need Blackwell: their rows are TE's own availability answers.
 stage_te() (
   local bundle="${TPCHECK_TE_BUNDLE:-$root/.te}" te_home="${TE_DEST:-/tmp/te}" quant parts te_dir
   quant="${TPCHECK_TE_QUANT:-none fp8 fp8_cs fp8_block_scaling}"
-  parts="${TPCHECK_TE_PARTS:-modules compare failure numerics trace}"
+  parts="${TPCHECK_TE_PARTS:-modules fidelity compare failure numerics trace}"
   if ! python_package; then
     row "te" "$no_wheel" ""
     return
@@ -581,6 +582,14 @@ EOF
     timed "te: TE modules vs tpcheck's layers and the float64 truth (te_modules.py)" te_modules.log \
       python3 "$root/tests/gpu/te_modules.py" --out "$out/te_modules.json"
     cat "$out/te_modules.log" >>"$out/failures.txt"
+  fi
+  if [[ " $parts " == *" fidelity "* ]]; then
+    # The same at TP 4 under tpcheck emulate: TE's sharded modules, gathered, against
+    # tpcheck's layers sharded at TP 4 in the suite's own group (layer_run(tp_size=4)).
+    timed "te: TE's sharded modules vs tpcheck's sharded layers, TP 4 (te_fidelity_tp.py)" te_fidelity_tp4.log \
+      timeout "${TPCHECK_TE_TIMEOUT:-300}" python3 -m tpcheck emulate -n 4 -- \
+      "$root/tests/gpu/te_fidelity_tp.py" "$out/te_fidelity_tp4.json"
+    cat "$out/te_fidelity_tp4.log" >>"$out/failures.txt"
   fi
   if [[ " $parts " == *" failure "* ]]; then
     # The reference failure on TE itself: LayerNormMLP and TransformerLayer at
