@@ -212,9 +212,10 @@ Tensor assembled(const std::vector<RankResults>& ranks, const ShardSpec& spec,
   return assemble_shards(pieces, spec);
 }
 
-// The run at tp_size > 1: the suite's own group for the device (`tpcheck run --backend D
-// --tp N`'s execution: CPU threads, or every rank on GPU 0 over the device group, NCCL's
-// ring order), each rank a thread of this process; the ranks' pieces assembled after.
+// The run at tp_size > 1: the suite's own group for the device (CPU threads, or every rank
+// on GPU 0 over the device group in NCCL's ring order: `tpcheck run --backend D --tp N
+// --comm emulated`), each rank a thread of this process even inside a torchrun or
+// `tpcheck emulate` rank; the ranks' pieces assembled after.
 LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& given) {
   RunOptions o;
   set_run_option(o, "backend", r.device);
@@ -223,7 +224,7 @@ LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& g
   GemmClassRule cpu_rule;
   if (r.allow_tf32) cpu_rule.f32_class = MathClass::kTf32;
   RunSettings settings;
-  const ResolvedExecution resolved = resolve_execution(o, cpu_rule, settings);
+  const ResolvedExecution resolved = in_process_execution(o, cpu_rule, settings);
   const Execution& execution = resolved.execution;
   const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
 

@@ -35,8 +35,8 @@ struct LayerRunRequest {
   std::string dtype = "f64";
   bool allow_tf32 = false;
   // Ranks of the tensor-parallel group (1: the unsharded layer). Above 1 the layer runs
-  // sharded as the suite runs it (`tpcheck run --backend <device> --tp N`'s group, every
-  // rank a thread of this process), each rank on its shards of the caller's full
+  // sharded as the suite runs it (`tpcheck run --backend <device> --tp N --comm emulated`'s
+  // group, every rank a thread of this process), each rank on its shards of the caller's full
   // parameters, input and output gradients; the results are reassembled to full tensors.
   int tp_size = 1;
   // The rounding probe (make_rounding_probe_backend): 0 runs the plain f64 truth; u > 0

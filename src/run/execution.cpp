@@ -185,6 +185,22 @@ ResolvedExecution resolve_execution(const RunOptions& o, const GemmClassRule& cp
   return out;
 }
 
+ResolvedExecution in_process_execution(const RunOptions& o, const GemmClassRule& cpu_rule,
+                                       RunSettings& settings) {
+  CudaBackendOptions options;
+  options.allow_tf32 = o.tf32 == Tf32Choice::kOn;
+  options.impl_mask = parse_gemm_impl_mask(o.gemm_impl);
+  options.fused_attention = o.attention == AttentionChoice::kFused;
+  const CommOrder order = parse_comm_order(o.comm_order);
+  if (o.backend != BackendChoice::kCuda) return cpu_execution_for(o, cpu_rule);
+  const DeviceInfo devices = query_devices();
+  TPCHECK_CHECK_INPUT(devices.cuda_devices > 0, "device 'cuda': no usable GPU ({})",
+                      devices.description);
+  ResolvedExecution out = emulated_execution(options, order, o.tp, settings);
+  out.gemm_rule.f32_class = options.allow_tf32 ? MathClass::kTf32 : MathClass::kFp32;
+  return out;
+}
+
 void inject_failure(Execution& execution, const std::string& spec, int tp) {
   std::smatch m;
   const std::regex form(R"(^(\d{1,4})@(\d{1,9})$)");

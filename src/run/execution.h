@@ -26,6 +26,13 @@ struct ResolvedExecution {
 ResolvedExecution resolve_execution(const RunOptions& options, const GemmClassRule& cpu_rule,
                                     RunSettings& settings);
 
+// Every rank a thread of this process, whatever launched it (tpcheck.layer_run inside a
+// torchrun or `tpcheck emulate` rank): the CPU's thread group, or with backend cuda every
+// rank on GPU 0 with the collectives emulated in the options' comm order (the execution
+// `tpcheck run --backend cuda --comm emulated` gets). Options checked as above.
+ResolvedExecution in_process_execution(const RunOptions& options, const GemmClassRule& cpu_rule,
+                                       RunSettings& settings);
+
 // Testing hook behind --inject-failure RANK@RUN (hidden from --help): wraps the launcher
 // so that rank RANK throws at the start of the RUN-th sharded run (counted from 1), after
 // printing "tpcheck: --inject-failure: rank R throws now ..." to stderr, flushed, so a

@@ -170,7 +170,7 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     are layer_truth's; the results are the run's values, exactly, in float64 arrays. For
     the truth use layer_truth.
 
-    tp_size > 1 runs the layer sharded over that many ranks as `tpcheck run --backend
+    tp_size > 1 runs the layer sharded over that many ranks as `tpcheck run --comm emulated --backend
     <device> --tp N` does (threads of this process: on the CPU the thread group, on CUDA
     every rank on GPU 0 over the device group in NCCL's ring order), each rank on its
     shards of the full parameters, input and output gradients given here (the layer's
