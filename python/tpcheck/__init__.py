@@ -32,8 +32,8 @@ from .judge._layer_truth import LayerRun, LayerTruth, layer_parameters, layer_ru
 from .judge._verdict import TruthTensor, Verdict, assert_close, compare, policies
 
 __all__ = ["Error", "InputError", "CheckFailed", "RunError", "Verdict", "TruthTensor",
-           "compare", "assert_close", "policies", "LayerTruth", "layer_truth", "LayerRun", "layer_run",
-           "layer_parameters", "RunReport", "run", "trace", "Trace", "loaded_cublaslt"]
+           "compare", "assert_close", "policies", "LayerTruth", "layer_truth", "LayerRun",
+           "layer_run", "layer_parameters", "RunReport", "run", "trace", "Trace", "loaded_cublaslt"]
 
 
 def truth(*args: Any, **kwargs: Any) -> LayerTruth:

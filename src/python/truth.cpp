@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "run/execution.h"
 #include "tpcheck/backend.h"
 #include "tpcheck/comm.h"
 #include "tpcheck/cuda_backend.h"
@@ -12,7 +13,6 @@
 #include "tpcheck/layers/any_layer.h"
 #include "tpcheck/run_options.h"
 #include "tpcheck/shard.h"
-#include "run/execution.h"
 
 namespace tpcheck {
 namespace {
@@ -26,7 +26,8 @@ bool is_extra_state(const std::string& name) {
 // The caller's options with the run's precision: the truth computes in f64 whatever the
 // caller's own run used.
 nlohmann::json options_in(const nlohmann::json& options, DType dtype) {
-  TPCHECK_CHECK_INPUT(options.is_object(), "layer options must be a dict of constructor keywords, got {}",
+  TPCHECK_CHECK_INPUT(options.is_object(),
+                      "layer options must be a dict of constructor keywords, got {}",
                       options.dump());
   nlohmann::json o = options;
   o["params_dtype"] = dtype_name(dtype);
@@ -110,7 +111,8 @@ void check_parameter_names(const std::string& kind, const std::vector<Parameter*
     std::string problems;
     if (!missing.empty()) problems += fmt::format("missing: {}; ", fmt::join(missing, ", "));
     if (!given.empty()) problems += fmt::format("unexpected: {}; ", fmt::join(given, ", "));
-    if (!mismatched.empty()) problems += fmt::format("wrong shape: {}; ", fmt::join(mismatched, "; "));
+    if (!mismatched.empty())
+      problems += fmt::format("wrong shape: {}; ", fmt::join(mismatched, "; "));
     TPCHECK_CHECK_INPUT(false, "{} parameters do not match its state_dict names: {}expected: {}",
                         kind, problems, expected_list(params));
   }
@@ -119,7 +121,7 @@ void check_parameter_names(const std::string& kind, const std::vector<Parameter*
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> layer_parameter_shapes(const std::string& kind,
-                                                                   const nlohmann::json& options) {
+                                                                  const nlohmann::json& options) {
   Built b = build(kind, options, "cpu");
   std::vector<std::pair<std::string, Shape>> out;
   for (const Parameter* p : b.layer->parameters()) out.emplace_back(p->name, p->global_shape);
@@ -156,17 +158,18 @@ RankResults run_rank(const std::string& kind, AnyLayer& layer, Device device, DT
   std::vector<Parameter*> params = layer.parameters();
   check_parameter_names(kind, params, given.params);
   for (Parameter* p : params) {
-    p->value.copy_from(take_shard(given.params.at(p->name), p->shard, rank, world).to_device(device));
+    p->value.copy_from(
+        take_shard(given.params.at(p->name), p->shard, rank, world).to_device(device));
   }
   const LayerOutputs outs =
       layer.forward(take_shard(given.input, layer.input_layout(), rank, world).to_device(device));
   const OutputLayout layout = layer.output_layout();
   RankResults result;
-  const std::tuple<const char*, const Tensor*, const ShardSpec*, Tensor OutputGrads::*> returned[] = {
-      {"output", &outs.output, &layout.output, &OutputGrads::output},
-      {"bias", &outs.bias, &layout.bias, &OutputGrads::bias},
-      {"layernorm_output", &outs.layernorm_output, &layout.layernorm_output,
-       &OutputGrads::layernorm_output}};
+  const std::tuple<const char*, const Tensor*, const ShardSpec*, Tensor OutputGrads::*> returned[] =
+      {{"output", &outs.output, &layout.output, &OutputGrads::output},
+       {"bias", &outs.bias, &layout.bias, &OutputGrads::bias},
+       {"layernorm_output", &outs.layernorm_output, &layout.layernorm_output,
+        &OutputGrads::layernorm_output}};
   std::vector<std::string> returned_names;
   for (const auto& [name, t, spec, slot] : returned) {
     if (!t->defined()) continue;
@@ -239,7 +242,8 @@ LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& g
     ctx.backend = backend.get();
     ctx.comm = &group;
     ctx.seed = 0;  // every parameter is overwritten with the caller's
-    std::unique_ptr<AnyLayer> layer = make_layer(LayerSpec{r.kind, options_in(r.options, dtype)}, ctx);
+    std::unique_ptr<AnyLayer> layer =
+        make_layer(LayerSpec{r.kind, options_in(r.options, dtype)}, ctx);
     const auto me = static_cast<std::size_t>(group.rank());
     ranks[me] = run_rank(r.kind, *layer, device, dtype, given, group.rank(), r.tp_size);
     input_layouts[me] = layer->input_layout();
@@ -248,17 +252,15 @@ LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& g
 
   LayerRunResult result;
   for (const auto& [name, spec] : ranks[0].output_layouts) {
-    result.outputs[name] = assembled(ranks, spec, [&name](const RankResults& x) -> const Tensor& {
-      return x.outputs.at(name);
-    });
+    result.outputs[name] = assembled(
+        ranks, spec, [&name](const RankResults& x) -> const Tensor& { return x.outputs.at(name); });
   }
   if (!ranks[0].grad_input.defined()) return result;
   result.grad_input = assembled(ranks, input_layouts[0],
                                 [](const RankResults& x) -> const Tensor& { return x.grad_input; });
   for (const auto& [name, spec] : param_shards[0]) {
-    result.grads[name] = assembled(ranks, spec, [&name](const RankResults& x) -> const Tensor& {
-      return x.grads.at(name);
-    });
+    result.grads[name] = assembled(
+        ranks, spec, [&name](const RankResults& x) -> const Tensor& { return x.grads.at(name); });
   }
   return result;
 }
@@ -268,9 +270,9 @@ LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& g
 LayerRunResult run_layer(const LayerRunRequest& r) {
   TPCHECK_CHECK_INPUT(r.input.defined(), "{}: the input is missing", r.kind);
   const DType dtype = parse_dtype(r.dtype);
-  TPCHECK_CHECK_INPUT(dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kBF16 ||
-                          dtype == DType::kF16,
-                      "dtype '{}': expected f64 (the truth), f32, bf16 or f16", r.dtype);
+  TPCHECK_CHECK_INPUT(
+      dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
+      "dtype '{}': expected f64 (the truth), f32, bf16 or f16", r.dtype);
   TPCHECK_CHECK_INPUT(r.probe_u >= 0, "probe_u {}: expected 0 (no probe) or 0 < u < 1", r.probe_u);
   TPCHECK_CHECK_INPUT(r.probe_u == 0 || dtype == DType::kF64,
                       "probe_u {} with dtype {}: the rounding probe perturbs the f64 truth only",
@@ -292,8 +294,8 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
   // state their layouts for that view; the attention layers take [s, b, hidden]. A caller's
   // [s, b, features] goes in flattened and its results come back in the caller's shape.
   const Shape input_shape = given.input.shape();
-  const bool flatten = r.kind != "MultiheadAttention" && r.kind != "TransformerLayer" &&
-                       input_shape.size() > 2;
+  const bool flatten =
+      r.kind != "MultiheadAttention" && r.kind != "TransformerLayer" && input_shape.size() > 2;
   auto tokens_2d = [](const Tensor& t) {
     Shape s = t.shape();
     std::int64_t tokens = 1;

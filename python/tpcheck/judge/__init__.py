@@ -45,7 +45,8 @@ _TORCH_SIDE = {
 }
 
 __all__ = ["compare", "assert_close", "policies", "Verdict", "TruthTensor", "Result",
-           "layer_truth", "layer_run", "layer_parameters", "LayerTruth", "LayerRun", *_TORCH_SIDE]
+           "layer_truth", "layer_run", "layer_parameters", "LayerTruth", "LayerRun",
+           *_TORCH_SIDE]
 
 
 def __getattr__(name: str) -> Any:

@@ -152,9 +152,9 @@ def layer_truth(layer: str, options: Optional[Mapping[str, Any]], params: Mappin
     the output (an array), or a dict {"output", "bias", "layernorm_output"} for layers
     that return more; returned tensors not in it get zero gradient.
     """
+    arrays = _layer_arrays(params, inputs, grad_output)
     with input_errors():
-        raw = _tpcheck.run_layer(layer, _options_json(options), *_layer_arrays(params, inputs, grad_output),
-                                 device, dtype="f64")
+        raw = _tpcheck.run_layer(layer, _options_json(options), *arrays, device, dtype="f64")
     return LayerTruth(raw)
 
 
@@ -166,29 +166,32 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     grad_output are rounded to it first (exact when they already are in it), every op
     computes in it, and float32 GEMMs are in the TF32 class when `tf32` (on CUDA cuBLASLt's
     CUBLAS_COMPUTE_32F_FAST_TF32, as TransformerEngine's float32 GEMMs; on the CPU their
-    operands rounded to TF32, as the suite's CPU runs do). The arguments
-    are layer_truth's; the results are the run's values, exactly, in float64 arrays. For
-    the truth use layer_truth.
+    operands rounded to TF32, as the suite's CPU runs do). The arguments are
+    layer_truth's; the results are the run's values, exactly, in float64 arrays. For the
+    truth use layer_truth.
 
-    tp_size > 1 runs the layer sharded over that many ranks as `tpcheck run --comm emulated --backend
-    <device> --tp N` does (threads of this process: on the CPU the thread group, on CUDA
-    every rank on GPU 0 over the device group in NCCL's ring order), each rank on its
-    shards of the full parameters, input and output gradients given here (the layer's
-    options say the parallel mode and sequence parallel); the results are the full
-    tensors reassembled from the ranks' pieces (a replicated one: rank 0's)."""
+    tp_size > 1 runs the layer sharded over that many ranks as `tpcheck run --backend
+    <device> --tp N --comm emulated` does (threads of this process, even inside a torchrun
+    or emulate rank: on the CPU the thread group, on CUDA every rank on GPU 0 over the
+    device group in NCCL's ring order), each rank on its shards of the full parameters,
+    input and output gradients given here (the layer's options say the parallel mode and
+    sequence parallel); the results are the full tensors reassembled from the ranks' pieces
+    (a replicated one: rank 0's)."""
     name = dtype_name(dtype)
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise InputError(f"layer_run: tp_size {tp_size!r}; expected an int >= 1")
     if name not in ("f32", "bf16", "f16"):
         raise InputError(f"layer_run: dtype {dtype!r}; expected float32, bfloat16 or float16 "
                          "(the float64 run is layer_truth)")
+    arrays = _layer_arrays(params, inputs, grad_output)
     with input_errors():
-        raw = _tpcheck.run_layer(layer, _options_json(options), *_layer_arrays(params, inputs, grad_output),
-                                 device, dtype=name, allow_tf32=bool(tf32), tp_size=tp_size)
+        raw = _tpcheck.run_layer(layer, _options_json(options), *arrays, device, dtype=name,
+                                 allow_tf32=bool(tf32), tp_size=tp_size)
     return LayerRun(raw, name, bool(tf32) and name == "f32")
 
 
-def _layer_arrays(params: Mapping[str, Any], inputs: Any, grad_output: Any) -> tuple[dict, Any, dict]:
+def _layer_arrays(params: Mapping[str, Any], inputs: Any,
+                  grad_output: Any) -> tuple[dict, Any, dict]:
     """(parameters, input, output gradients) as the compiled run takes them."""
     if isinstance(inputs, (list, tuple)):
         if len(inputs) != 1:
