@@ -266,13 +266,17 @@ def test_compare_tp_refuses_to_run_inside_fp8_autocast(monkeypatch):
     reduction at the region's end on one rank only: compare_tp says so before running."""
     import types
     from tpcheck.torch import compare_tp
+    # TE 2.20's layout: the manager lives in transformer_engine.pytorch.quantization, which
+    # the package imports but does not re-export
     te = types.ModuleType("transformer_engine.pytorch")
-    te.FP8GlobalStateManager = type("FP8GlobalStateManager", (), {
+    quantization = types.ModuleType("transformer_engine.pytorch.quantization")
+    quantization.FP8GlobalStateManager = type("FP8GlobalStateManager", (), {
         "is_fp8_enabled": classmethod(lambda cls: True)})
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.quantization", quantization)
     m = _filled(S.Linear(8, 4))
     with pytest.raises(tpcheck.InputError, match="inside TransformerEngine's fp8_autocast; call "
                                                  "it outside"):
         compare_tp(m, m, (torch.randn(3, 8),), grad_output=torch.randn(3, 4))
-    te.FP8GlobalStateManager.is_fp8_enabled = classmethod(lambda cls: False)
+    quantization.FP8GlobalStateManager.is_fp8_enabled = classmethod(lambda cls: False)
     assert compare_tp(m, m, (torch.randn(3, 8),), grad_output=torch.randn(3, 4)).passed
