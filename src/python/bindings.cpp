@@ -221,12 +221,14 @@ nb::dict run_layer(const std::string& kind, const std::string& options_json,
                    const std::map<std::string, nb::ndarray<>>& params, nb::ndarray<> input,
                    const std::map<std::string, nb::ndarray<>>& grad_outputs,
                    const std::string& device, const std::string& dtype, bool allow_tf32,
-                   int tp_size, double probe_u, std::uint64_t probe_seed) {
+                   int tp_size, const std::string& recipe, double probe_u,
+                   std::uint64_t probe_seed) {
   LayerRunRequest r;
   r.kind = kind;
   r.dtype = dtype;
   r.allow_tf32 = allow_tf32;
   r.tp_size = tp_size;
+  r.recipe = recipe;
   r.probe_u = probe_u;
   r.probe_seed = probe_seed;
   r.options = nlohmann::json::parse(options_json);
@@ -462,10 +464,11 @@ NB_MODULE(_tpcheck, m) {
         "Statistics and verdict of sharded against single (and the fp64 truth), as a dict.");
   m.def("run_layer", &run_layer, "kind"_a, "options_json"_a, "params"_a, "input"_a,
         "grad_outputs"_a, "device"_a, "dtype"_a = "f64", "allow_tf32"_a = false,
-        "tp_size"_a = 1, "probe_u"_a = 0.0, "probe_seed"_a = 0,
+        "tp_size"_a = 1, "recipe"_a = "none", "probe_u"_a = 0.0, "probe_seed"_a = 0,
         "Outputs and gradients of tpcheck's implementation of a layer, as f64 arrays: in "
         "f64 the truth (probe_u > 0: under the rounding probe), else the suite's run in "
-        "`dtype`; tp_size > 1 runs it sharded in the suite's group and reassembles.");
+        "`dtype` (with `recipe`: quantized); tp_size > 1 runs it sharded in the suite's "
+        "group and reassembles.");
   m.def("layer_parameters", &layer_parameters, "kind"_a, "options_json"_a,
         "The layer's parameters as (name, shape), in its documented order.");
   m.def("run_options", &run_options, "tpcheck.run's options, from the run options' table.");

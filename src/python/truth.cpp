@@ -11,6 +11,7 @@
 #include "tpcheck/cuda_backend.h"
 #include "tpcheck/error.h"
 #include "tpcheck/layers/any_layer.h"
+#include "tpcheck/quant.h"
 #include "tpcheck/run_options.h"
 #include "tpcheck/shard.h"
 
@@ -41,8 +42,8 @@ struct Built {
 };
 
 Built build(const std::string& kind, const nlohmann::json& options, const std::string& device,
-            DType dtype = DType::kF64, bool allow_tf32 = false, double probe_u = 0,
-            std::uint64_t probe_seed = 0) {
+            DType dtype = DType::kF64, bool allow_tf32 = false, Recipe recipe = Recipe::kNone,
+            double probe_u = 0, std::uint64_t probe_seed = 0) {
   Built b;
   if (device == "cpu") {
     b.backend = make_cpu_backend();
@@ -68,6 +69,7 @@ Built build(const std::string& kind, const nlohmann::json& options, const std::s
   ctx.backend = b.backend.get();
   ctx.comm = b.comm.get();
   ctx.seed = 0;  // every parameter is overwritten with the caller's
+  ctx.recipe = recipe;
   b.layer = make_layer(LayerSpec{kind, options_in(options, dtype)}, ctx);
   return b;
 }
@@ -219,7 +221,8 @@ Tensor assembled(const std::vector<RankResults>& ranks, const ShardSpec& spec,
 // on GPU 0 over the device group in NCCL's ring order: `tpcheck run --backend D --tp N
 // --comm emulated`), each rank a thread of this process even inside a torchrun or
 // `tpcheck emulate` rank; the ranks' pieces assembled after.
-LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& given) {
+LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, Recipe recipe,
+                           const Given& given) {
   RunOptions o;
   set_run_option(o, "backend", r.device);
   set_run_option(o, "tp", std::to_string(r.tp_size));
@@ -241,6 +244,7 @@ LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, const Given& g
     ModuleContext ctx;
     ctx.backend = backend.get();
     ctx.comm = &group;
+    ctx.recipe = recipe;
     ctx.seed = 0;  // every parameter is overwritten with the caller's
     std::unique_ptr<AnyLayer> layer =
         make_layer(LayerSpec{r.kind, options_in(r.options, dtype)}, ctx);
@@ -281,6 +285,9 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
   TPCHECK_CHECK_INPUT(r.tp_size == 1 || r.probe_u == 0,
                       "probe_u {} at tp_size {}: the rounding probe runs the unsharded truth only",
                       r.probe_u, r.tp_size);
+  const Recipe recipe = parse_recipe(r.recipe);
+  TPCHECK_CHECK_INPUT(recipe == Recipe::kNone || dtype != DType::kF64,
+                      "recipe {} with dtype f64: the truth never quantizes", r.recipe);
   // Everything the caller gave, in the run's dtype on the host first: a caller's device
   // arrays are read on the stream they were handed over on, before the layer's backend
   // (its own stream) exists.
@@ -302,6 +309,13 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
     for (std::size_t i = 0; i + 1 < s.size(); ++i) tokens *= s[i];
     return t.reshape(Shape{tokens, s.back()});
   };
+  if (recipe != Recipe::kNone) {
+    // every quantized activation is a [tokens, features] matrix of the whole token count
+    const std::int64_t features = input_shape.back();
+    check_quantizable(fmt::format("{}: input", r.kind),
+                      {given.input.numel() / features, features}, recipe, QuantRole::kInput,
+                      QuantUsage{true, true});
+  }
   if (flatten) {
     given.input = tokens_2d(given.input);
     for (auto& [name, g] : given.grads) {
@@ -311,9 +325,10 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
 
   LayerRunResult result;
   if (r.tp_size > 1) {
-    result = run_sharded(r, dtype, given);
+    result = run_sharded(r, dtype, recipe, given);
   } else {
-    Built b = build(r.kind, r.options, r.device, dtype, r.allow_tf32, r.probe_u, r.probe_seed);
+    Built b = build(r.kind, r.options, r.device, dtype, r.allow_tf32, recipe, r.probe_u,
+                    r.probe_seed);
     const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
     RankResults mine = run_rank(r.kind, *b.layer, device, dtype, given, 0, 1);
     result.outputs = std::move(mine.outputs);

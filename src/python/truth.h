@@ -39,6 +39,10 @@ struct LayerRunRequest {
   // group, every rank a thread of this process), each rank on its shards of the caller's full
   // parameters, input and output gradients; the results are reassembled to full tensors.
   int tp_size = 1;
+  // The quantized recipe of every Linear GEMM (quant.h's names: "none", "fp8", "fp8_cs",
+  // "fp8_block_scaling", "mxfp8", "nvfp4"), as one step of `tpcheck run --recipe` runs it
+  // (delayed scaling: the initial scales, 1). Not with f64: the truth never quantizes.
+  std::string recipe = "none";
   // The rounding probe (make_rounding_probe_backend): 0 runs the plain f64 truth; u > 0
   // perturbs every value the layer's ops store by (1 + u·r), r from `probe_seed`'s stream.
   double probe_u = 0;

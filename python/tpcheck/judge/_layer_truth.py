@@ -160,7 +160,8 @@ def layer_truth(layer: str, options: Optional[Mapping[str, Any]], params: Mappin
 
 def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[str, Any],
               inputs: Any, grad_output: Any = None, *, dtype: Any = "float32",
-              device: str = "cuda", tf32: bool = True, tp_size: int = 1) -> LayerRun:
+              device: str = "cuda", tf32: bool = True, tp_size: int = 1,
+              recipe: Optional[str] = None) -> LayerRun:
     """tpcheck's `layer` run as the suite runs it, on the caller's parameters, in `dtype`
     ("float32", "bfloat16", "float16", or a torch/numpy dtype): the parameters, input and
     grad_output are rounded to it first (exact when they already are in it), every op
@@ -176,7 +177,12 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     device group in NCCL's ring order), each rank on its shards of the full parameters,
     input and output gradients given here (the layer's options say the parallel mode and
     sequence parallel); the results are the full tensors reassembled from the ranks' pieces
-    (a replicated one: rank 0's)."""
+    (a replicated one: rank 0's).
+
+    recipe: the quantized recipe of every Linear GEMM ("fp8" delayed scaling, "fp8_cs",
+    "fp8_block_scaling", "mxfp8", "nvfp4"; docs/QUANTIZATION.md), as one step of `tpcheck
+    run --recipe` runs it: delayed scaling with its initial scales (1), as the reference
+    library's first step. None: high precision."""
     name = dtype_name(dtype)
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise InputError(f"layer_run: tp_size {tp_size!r}; expected an int >= 1")
@@ -186,7 +192,8 @@ def layer_run(layer: str, options: Optional[Mapping[str, Any]], params: Mapping[
     arrays = _layer_arrays(params, inputs, grad_output)
     with input_errors():
         raw = _tpcheck.run_layer(layer, _options_json(options), *arrays, device, dtype=name,
-                                 allow_tf32=bool(tf32), tp_size=tp_size)
+                                 allow_tf32=bool(tf32), tp_size=tp_size,
+                                 recipe="none" if recipe is None else str(recipe))
     return LayerRun(raw, name, bool(tf32) and name == "f32")
 
 
