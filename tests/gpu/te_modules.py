@@ -4,8 +4,9 @@ inputs (issue 43 items 2 and 3; tests/gpu/run.sh's `te` stage runs it as part `m
   python3 tests/gpu/te_modules.py [--out FILE.json] [--tokens 32] [--seed 7]
 
 For each configuration below, one TE module on one GPU (no tensor parallelism), in float32
-(TF32 GEMMs, TE's default) and, for some, bfloat16; forward and backward with a random
-output gradient. Beside it, on the same parameters (its state dict under the mapping's
+(TF32 GEMMs, TE's default) and, for some, bfloat16, and with the quantized recipes TE
+runs on Hopper (RECIPES: one step under `te.autocast`; tpcheck's layer with the same
+recipe, `layer_run(recipe=...)`); forward and backward with a random output gradient. Beside it, on the same parameters (its state dict under the mapping's
 names, `tpcheck.judge._te_mapping.te_layer_spec`), input and output gradient:
   - tpcheck's layer as the suite runs it (`tpcheck.layer_run`, CUDA backend, the same
     dtype, TF32 for float32): the layer docs/LAYERS.md says follows TE;
@@ -29,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -60,6 +62,30 @@ CONFIGS = [
 BF16 = ("Linear, bias", "LayerNormLinear, LayerNorm", "LayerNormMLP, LayerNorm, gelu",
         "LayerNormMLP, RMSNorm, swiglu", "LayerNorm", "MultiheadAttention, LayerNorm, GQA, causal",
         "TransformerLayer, LayerNorm, gelu, GQA")
+# The quantized recipes TE runs on Hopper, one step (float32 parameters; every Linear GEMM
+# quantized): (recipe, name, TE class, keywords, tokens). Block scaling quantizes in blocks
+# of 128 along the features and, for the weight gradient, the tokens: sizes of 128.
+RECIPES = [
+    (r, name, cls, kw, tokens)
+    for r in ("fp8", "fp8_cs")
+    for name, cls, kw, tokens in (
+        ("Linear, bias", "Linear", dict(in_features=64, out_features=96, bias=True), 32),
+        ("LayerNormLinear, LayerNorm", "LayerNormLinear",
+         dict(in_features=64, out_features=96, normalization="LayerNorm"), 32),
+        ("LayerNormMLP, LayerNorm, gelu", "LayerNormMLP",
+         dict(hidden_size=64, ffn_hidden_size=128, normalization="LayerNorm", activation="gelu"), 32))
+] + [
+    ("fp8_block_scaling", "Linear, bias", "Linear", dict(in_features=128, out_features=128), 128),
+    ("fp8_block_scaling", "LayerNormMLP, LayerNorm, gelu", "LayerNormMLP",
+     dict(hidden_size=128, ffn_hidden_size=256, normalization="LayerNorm", activation="gelu"), 128),
+]
+
+
+def te_recipe(name):
+    """TE's recipe object of tpcheck's recipe name (TE's defaults: the HYBRID format)."""
+    from transformer_engine.common import recipe as r
+    return {"fp8": r.DelayedScaling, "fp8_cs": r.Float8CurrentScaling,
+            "fp8_block_scaling": r.Float8BlockScaling}[name]()
 
 
 def rel_rms(a, truth: torch.Tensor) -> float:
@@ -77,7 +103,7 @@ def rms(a) -> float:
 
 
 def run_config(name: str, te_class: str, kwargs: dict, dtype: torch.dtype, tokens: int,
-               seed: int) -> dict:
+               seed: int, recipe: Optional[str] = None) -> dict:
     import tpcheck
     import transformer_engine.pytorch as te
     from tpcheck.judge import module_truth
@@ -92,7 +118,9 @@ def run_config(name: str, te_class: str, kwargs: dict, dtype: torch.dtype, token
     # [s, b, hidden]: the attention's layout (sbhd); the other layers treat tokens alike
     x = torch.randn(tokens // 2, 2, hidden, device="cuda", dtype=dtype, requires_grad=True)
     start = time.perf_counter()
-    y = module(x)
+    with te.autocast(enabled=recipe is not None,
+                     recipe=te_recipe(recipe) if recipe is not None else None):
+        y = module(x)
     y = y[0] if isinstance(y, tuple) else y
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -105,14 +133,17 @@ def run_config(name: str, te_class: str, kwargs: dict, dtype: torch.dtype, token
     state = {k: v.detach() for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
     start = time.perf_counter()
     run = tpcheck.layer_run(spec.kind, spec.options, spec.to_tpcheck(state), x.detach(),
-                            grad_output=dy.detach(), dtype=dtype, device="cuda", tf32=True)
+                            grad_output=dy.detach(), dtype=dtype, device="cuda", tf32=True,
+                            recipe=recipe)
     ours_seconds = time.perf_counter() - start
     ours = spec.to_te({"output": run.output, **run.input_grads, **run.grads})
     module.zero_grad(set_to_none=True)
     start = time.perf_counter()
     truth = module_truth(module, x.detach(), grad_output=dy.detach())
     truth_seconds = time.perf_counter() - start
-    math = "tf32" if dtype == torch.float32 else None
+    # quantized runs: the floor models the float32 accumulation, the quantization error is
+    # in each run's own error (docs/QUANTIZATION.md, "Judging quantized runs")
+    math = "tf32" if dtype == torch.float32 and recipe is None else None
 
     tensors = {}
     for k, t_te in te_out.items():
@@ -135,7 +166,8 @@ def run_config(name: str, te_class: str, kwargs: dict, dtype: torch.dtype, token
     zero = sorted(k for k, v in truth_rms.items() if v < 1e-9 * max(truth_rms.values()))
     ok = all(v["te_within_tpcheck"] and v["tpcheck_within_te"] for v in tensors.values())
     sized = {k: v for k, v in tensors.items() if k not in zero}
-    return {"name": name, "te_class": te_class, "dtype": str(dtype).replace("torch.", ""),
+    return {"name": name, "te_class": te_class, "recipe": recipe or "none",
+            "dtype": str(dtype).replace("torch.", ""),
             "kwargs": kwargs, "tpcheck_layer": spec.kind, "tpcheck_options": spec.options,
             "tensors": tensors, "ok": ok, "reduction_length": truth.reduction_length,
             "bitwise_equal": sum(v["bitwise_equal"] for v in tensors.values()),
@@ -165,17 +197,25 @@ def main() -> int:
                 r = {"name": name, "te_class": te_class, "dtype": str(dtype), "kwargs": kwargs,
                      "ok": False, "error": f"{type(e).__name__}: {e}"}
             results.append(r)
-    print("| TE module | dtype | tensors | bitwise equal | truth policy both ways | worst rel. RMS "
-          "vs truth, TE / tpcheck | K |")
-    print("|---|---|---|---|---|---|---|")
+    for recipe, name, te_class, kwargs, tokens in RECIPES:
+        try:
+            r = run_config(name, te_class, kwargs, torch.float32, tokens, args.seed, recipe)
+        except Exception as e:  # one configuration's error is its row, not the end of the run
+            r = {"name": name, "te_class": te_class, "dtype": "float32", "recipe": recipe,
+                 "kwargs": kwargs, "ok": False, "error": f"{type(e).__name__}: {e}"}
+        results.append(r)
+    print("| TE module | dtype | recipe | tensors | bitwise equal | truth policy both ways | "
+          "worst rel. RMS vs truth, TE / tpcheck | K |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['name']} | {r['dtype']} | ERROR {r['error'][:300]} | | | | |")
+            print(f"| {r['name']} | {r['dtype']} | {r.get('recipe', 'none')} | "
+                  f"ERROR {r['error'][:300]} | | | | |")
             continue
         n = len(r["tensors"])
         both = sum(v["te_within_tpcheck"] and v["tpcheck_within_te"] for v in r["tensors"].values())
         bad = [k for k, v in r["tensors"].items() if not (v["te_within_tpcheck"] and v["tpcheck_within_te"])]
-        print(f"| {r['name']} | {r['dtype']} | {n} | {r['bitwise_equal']} | {both}/{n}"
+        print(f"| {r['name']} | {r['dtype']} | {r['recipe']} | {n} | {r['bitwise_equal']} | {both}/{n}"
               f"{' FAIL ' + str(bad[:4]) if bad else ''} | {r['worst_rel_rms_te']:.2e} / "
               f"{r['worst_rel_rms_tpcheck']:.2e}"
               f"{' (not ' + ', '.join(r['zero_in_exact_arithmetic']) + ': zero truth)' if r['zero_in_exact_arithmetic'] else ''}"
