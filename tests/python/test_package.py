@@ -697,6 +697,6 @@ def test_run_and_main_errors():
 def test_type_stubs_ship_with_the_package():
     stub = os.path.join(os.path.dirname(tpcheck._tpcheck.__file__), "_tpcheck.pyi")
     text = open(stub).read()
-    for name in ("def compare(", "def truth(", "def run(", "def make_nccl_id("):
+    for name in ("def compare(", "def run_layer(", "def run(", "def make_nccl_id("):
         assert name in text
     assert os.path.exists(os.path.join(os.path.dirname(tpcheck.__file__), "py.typed"))
