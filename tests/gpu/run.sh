@@ -577,8 +577,9 @@ EOF
     grep -E "NUMERICAL CHECK FAILED|Error|error:" "$out/$log" | head -5 >>"$out/failures.txt"
   }
   if [[ " $parts " == *" modules "* ]]; then
-    # TE's modules (one GPU, float32 with TF32 and bfloat16) against tpcheck's layers on the
-    # same parameters, and both against the float64 truth (the fidelity table).
+    # TE's modules (one GPU; float32 with TF32, bfloat16, and one step of each Hopper
+    # recipe) against tpcheck's layers on the same parameters, and both against the
+    # float64 truth (the fidelity table).
     timed "te: TE modules vs tpcheck's layers and the float64 truth (te_modules.py)" te_modules.log \
       python3 "$root/tests/gpu/te_modules.py" --out "$out/te_modules.json"
     cat "$out/te_modules.log" >>"$out/failures.txt"
