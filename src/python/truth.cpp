@@ -35,6 +35,14 @@ nlohmann::json options_in(const nlohmann::json& options, DType dtype) {
   return o;
 }
 
+// The GEMM class rule of a run: f32 GEMMs in the TF32 class when allowed, as the suite runs
+// them (the CPU backend rounds their operands to TF32; cuBLASLt computes 32F_FAST_TF32).
+GemmClassRule f32_gemm_rule(bool allow_tf32) {
+  GemmClassRule rule;
+  if (allow_tf32) rule.f32_class = MathClass::kTf32;
+  return rule;
+}
+
 struct Built {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Communicator> comm;
@@ -53,13 +61,7 @@ Built build(const std::string& kind, const nlohmann::json& options, const std::s
     o.allow_tf32 = allow_tf32;  // what cuBLASLt may use; the gemm rule below says what it must
     b.backend = make_cuda_backend(o);
   }
-  if (allow_tf32) {
-    // f32 GEMMs in the TF32 class, as the suite runs them with TF32 allowed (the CPU
-    // backend rounds their operands to TF32; cuBLASLt computes 32F_FAST_TF32)
-    GemmClassRule rule;
-    rule.f32_class = MathClass::kTf32;
-    b.backend->set_gemm_rule(rule);
-  }
+  b.backend->set_gemm_rule(f32_gemm_rule(allow_tf32));
   if (probe_u > 0) {
     TPCHECK_CHECK_INPUT(probe_u < 1, "probe_u {}: expected 0 (no probe) or 0 < u < 1", probe_u);
     b.backend = make_rounding_probe_backend(std::move(b.backend), probe_u, probe_seed);
@@ -227,10 +229,8 @@ LayerRunResult run_sharded(const LayerRunRequest& r, DType dtype, Recipe recipe,
   set_run_option(o, "backend", r.device);
   set_run_option(o, "tp", std::to_string(r.tp_size));
   set_run_option(o, "tf32", r.allow_tf32 ? "on" : "off");
-  GemmClassRule cpu_rule;
-  if (r.allow_tf32) cpu_rule.f32_class = MathClass::kTf32;
   RunSettings settings;
-  const ResolvedExecution resolved = in_process_execution(o, cpu_rule, settings);
+  const ResolvedExecution resolved = in_process_execution(o, f32_gemm_rule(r.allow_tf32), settings);
   const Execution& execution = resolved.execution;
   const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
 
@@ -312,9 +312,8 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
   if (recipe != Recipe::kNone) {
     // every quantized activation is a [tokens, features] matrix of the whole token count
     const std::int64_t features = input_shape.back();
-    check_quantizable(fmt::format("{}: input", r.kind),
-                      {given.input.numel() / features, features}, recipe, QuantRole::kInput,
-                      QuantUsage{true, true});
+    check_quantizable(fmt::format("{}: input", r.kind), {given.input.numel() / features, features},
+                      recipe, QuantRole::kInput, QuantUsage{true, true});
   }
   if (flatten) {
     given.input = tokens_2d(given.input);
@@ -327,8 +326,8 @@ LayerRunResult run_layer(const LayerRunRequest& r) {
   if (r.tp_size > 1) {
     result = run_sharded(r, dtype, recipe, given);
   } else {
-    Built b = build(r.kind, r.options, r.device, dtype, r.allow_tf32, recipe, r.probe_u,
-                    r.probe_seed);
+    Built b =
+        build(r.kind, r.options, r.device, dtype, r.allow_tf32, recipe, r.probe_u, r.probe_seed);
     const Device device = r.device == "cpu" ? Device::kCpu : Device::kCuda;
     RankResults mine = run_rank(r.kind, *b.layer, device, dtype, given, 0, 1);
     result.outputs = std::move(mine.outputs);

@@ -15,6 +15,21 @@
 namespace tpcheck {
 namespace {
 
+// The CUDA backend's options from the run options (each checked: a bad name is an input
+// error naming it).
+CudaBackendOptions cuda_backend_options(const RunOptions& o) {
+  CudaBackendOptions options;
+  options.allow_tf32 = o.tf32 == Tf32Choice::kOn;
+  options.impl_mask = parse_gemm_impl_mask(o.gemm_impl);
+  options.fused_attention = o.attention == AttentionChoice::kFused;
+  return options;
+}
+
+// The class a GPU run asks of its f32 GEMMs (what ran is in each GEMM record).
+MathClass f32_gemm_class(const CudaBackendOptions& options) {
+  return options.allow_tf32 ? MathClass::kTf32 : MathClass::kFp32;
+}
+
 // The CPU's thread ranks: the GEMM class rule is --cpu-gemm's.
 ResolvedExecution cpu_execution_for(const RunOptions& o, const GemmClassRule& cpu_rule) {
   TPCHECK_CHECK_INPUT(o.attention != AttentionChoice::kFused,
@@ -163,10 +178,7 @@ void report_environment(const ResolvedExecution& r, const CudaBackendOptions& op
 ResolvedExecution resolve_execution(const RunOptions& o, const GemmClassRule& cpu_rule,
                                     RunSettings& settings) {
   // Every option is checked before the devices are asked, whichever backend runs.
-  CudaBackendOptions options;
-  options.allow_tf32 = o.tf32 == Tf32Choice::kOn;
-  options.impl_mask = parse_gemm_impl_mask(o.gemm_impl);
-  options.fused_attention = o.attention == AttentionChoice::kFused;
+  const CudaBackendOptions options = cuda_backend_options(o);
   const CommOrder order = parse_comm_order(o.comm_order);
 
   const DeviceInfo devices = query_devices();
@@ -180,24 +192,21 @@ ResolvedExecution resolve_execution(const RunOptions& o, const GemmClassRule& cp
   }
   ResolvedExecution out = cuda ? cuda_execution_for(o, options, order, devices, settings)
                                : cpu_execution_for(o, cpu_rule);
-  if (cuda) out.gemm_rule.f32_class = options.allow_tf32 ? MathClass::kTf32 : MathClass::kFp32;
+  if (cuda) out.gemm_rule.f32_class = f32_gemm_class(options);
   report_environment(out, options, order, devices, settings);
   return out;
 }
 
 ResolvedExecution in_process_execution(const RunOptions& o, const GemmClassRule& cpu_rule,
                                        RunSettings& settings) {
-  CudaBackendOptions options;
-  options.allow_tf32 = o.tf32 == Tf32Choice::kOn;
-  options.impl_mask = parse_gemm_impl_mask(o.gemm_impl);
-  options.fused_attention = o.attention == AttentionChoice::kFused;
+  const CudaBackendOptions options = cuda_backend_options(o);
   const CommOrder order = parse_comm_order(o.comm_order);
   if (o.backend != BackendChoice::kCuda) return cpu_execution_for(o, cpu_rule);
   const DeviceInfo devices = query_devices();
   TPCHECK_CHECK_INPUT(devices.cuda_devices > 0, "device 'cuda': no usable GPU ({})",
                       devices.description);
   ResolvedExecution out = emulated_execution(options, order, o.tp, settings);
-  out.gemm_rule.f32_class = options.allow_tf32 ? MathClass::kTf32 : MathClass::kFp32;
+  out.gemm_rule.f32_class = f32_gemm_class(options);
   return out;
 }
 

@@ -36,11 +36,11 @@ torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
 DEV = torch.device("cuda", torch.cuda.current_device())
 
 import transformer_engine.pytorch as te  # noqa: E402
+from te_sharding import shard_from, sp, tp_kwargs  # noqa: E402  (beside this file)
 import transformer_engine.pytorch.module.layernorm_mlp as te_mlp  # noqa: E402
 from tpcheck.torch import compare_tp  # noqa: E402
 
 H, F = 256, 1024
-GATED = ("swiglu", "geglu")
 CASES = [
     # name, constructor of (tp kwargs) -> module, hidden in, hidden out, input/output dims
     ("LayerNormMLP gelu LayerNorm", lambda dt, **k: te.LayerNormMLP(H, F, params_dtype=dt, device="cuda", **k),
@@ -72,44 +72,14 @@ CASES = [
 ]
 
 
-def sp(k):
-    """Sequence parallel on the sharded module (the unsharded one is built without)."""
-    return {**k, "sequence_parallel": True} if k else k
-
-
-def tp_kwargs(kind):
-    if kind == "norm":  # a standalone norm is sharded by its tokens alone; its weights'
-        return {"sequence_parallel": True}  # gradients: partial sums compare_tp all-reduces
-    k = {"tp_group": dist.group.WORLD, "tp_size": N}
-    if kind in ("mlp", "mha"):
-        k["set_parallel_mode"] = True
-    else:
-        k["parallel_mode"] = kind
-    return k
-
-
-def shard_from(single, sharded):
-    with torch.no_grad():
-        for name, p in sharded.named_parameters():
-            full = single.get_parameter(name)
-            owner = single.get_submodule(name.rpartition(".")[0])
-            if not getattr(p, "tensor_model_parallel", False) or p.shape == full.shape:
-                p.copy_(full)
-            elif name.rpartition(".")[2].startswith("fc1") and getattr(owner, "activation", "") in GATED:
-                a, b = full.chunk(2, dim=0)
-                p.copy_(torch.cat([a.chunk(N, 0)[R], b.chunk(N, 0)[R]], 0))
-            else:
-                p.copy_(full.chunk(N, dim=p.partition_dim)[R])
-
-
 def case(name, make, kind, in_dims, out_dims, dtype, bug):
     torch.manual_seed(11)
     single = make(dtype)
     with torch.no_grad():
         for p in single.parameters():
             p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.05))
-    sharded = make(dtype, **tp_kwargs(kind))
-    shard_from(single, sharded)
+    sharded = make(dtype, **tp_kwargs(kind, dist.group.WORLD, N))
+    shard_from(single, sharded, R, N)
     hidden_in = 2 * H if kind == "row" else H
     hidden_out = 2 * H if kind == "column" else H
     g = torch.Generator(device="cuda").manual_seed(12)
@@ -166,8 +136,8 @@ def fp8_state_case(name, make, kind, in_dims, out_dims, bug):
     with torch.no_grad():
         for p in single.parameters():
             p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.05))
-    sharded = make(torch.float32, **tp_kwargs(kind))
-    shard_from(single, sharded)
+    sharded = make(torch.float32, **tp_kwargs(kind, dist.group.WORLD, N))
+    shard_from(single, sharded, R, N)
     own = [dist.new_group([r]) for r in range(N)][R]   # every rank makes every group
     recipe = DelayedScaling(amax_history_len=4, reduce_amax=bug != "reduce_amax=False")
     group = own if bug == "fp8 group of one rank" else dist.group.WORLD

@@ -36,6 +36,7 @@ torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
 DEV = torch.device("cuda", torch.cuda.current_device())
 
 import transformer_engine.pytorch as te  # noqa: E402
+from te_sharding import shard_from, sp, tp_kwargs  # noqa: E402  (beside this file)
 import tpcheck  # noqa: E402
 from tpcheck.judge import module_truth  # noqa: E402
 from tpcheck.judge._gather import ShardSpec, gather, spec_of_parameter  # noqa: E402
@@ -43,8 +44,6 @@ from tpcheck.judge._te_mapping import te_layer_spec  # noqa: E402
 from tpcheck.judge._te_reference import te_gather_strides  # noqa: E402
 
 H, F = 64, 128
-GATED = ("swiglu", "geglu")
-SP = {"sequence_parallel": True}
 # name, constructor (dtype, **tp keywords), kind, input dim and output dim of the shards
 CASES = [
     ("Linear column", lambda dt, **k: te.Linear(H, 2 * H, params_dtype=dt, device="cuda", **k),
@@ -52,12 +51,12 @@ CASES = [
     ("Linear row", lambda dt, **k: te.Linear(2 * H, H, params_dtype=dt, device="cuda", **k),
      "row", -1, None),
     ("LayerNormLinear column, sequence parallel", lambda dt, **k: te.LayerNormLinear(
-        H, 2 * H, params_dtype=dt, device="cuda", **({**k, **SP} if k else k)), "column", 0, -1),
+        H, 2 * H, params_dtype=dt, device="cuda", **sp(k)), "column", 0, -1),
     ("LayerNormMLP gelu LayerNorm", lambda dt, **k: te.LayerNormMLP(
         H, F, params_dtype=dt, device="cuda", **k), "mlp", None, None),
     ("LayerNormMLP swiglu RMSNorm, sequence parallel", lambda dt, **k: te.LayerNormMLP(
         H, F, normalization="RMSNorm", activation="swiglu", params_dtype=dt, device="cuda",
-        **({**k, **SP} if k else k)), "mlp", 0, 0),
+        **sp(k)), "mlp", 0, 0),
     ("MultiheadAttention LayerNorm GQA causal", lambda dt, **k: te.MultiheadAttention(
         H, 8, num_gqa_groups=4, input_layernorm=True, attention_dropout=0.0, params_dtype=dt,
         device="cuda", **k), "mha", None, None),
@@ -65,30 +64,6 @@ CASES = [
         H, F, 8, num_gqa_groups=4, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dt,
         device="cuda", **k), "mha", None, None),
 ]
-
-
-def tp_kwargs(kind):
-    k = {"tp_group": dist.group.WORLD, "tp_size": N}
-    if kind in ("mlp", "mha"):
-        k["set_parallel_mode"] = True
-    else:
-        k["parallel_mode"] = kind
-    return k
-
-
-def shard_from(single, sharded):
-    """The sharded parameters sliced from the unsharded ones as TE lays them out."""
-    with torch.no_grad():
-        for name, p in sharded.named_parameters():
-            full = single.get_parameter(name)
-            owner = single.get_submodule(name.rpartition(".")[0])
-            if p.shape == full.shape:
-                p.copy_(full)
-            elif name.rpartition(".")[2].startswith("fc1") and getattr(owner, "activation", "") in GATED:
-                a, b = full.chunk(2, dim=0)
-                p.copy_(torch.cat([a.chunk(N, 0)[R], b.chunk(N, 0)[R]], 0))
-            else:
-                p.copy_(full.chunk(N, dim=p.partition_dim)[R])
 
 
 def gathered_gradients(single, sharded):
@@ -115,8 +90,8 @@ def case(name, make, kind, in_dim, out_dim, dtype):
     with torch.no_grad():
         for p in single.parameters():
             p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.1))
-    sharded = make(dtype, **tp_kwargs(kind))
-    shard_from(single, sharded)
+    sharded = make(dtype, **tp_kwargs(kind, dist.group.WORLD, N))
+    shard_from(single, sharded, R, N)
     hidden_in = 2 * H if kind == "row" else H
     hidden_out = 2 * H if kind == "column" else H
     g = torch.Generator(device="cuda").manual_seed(22)

@@ -399,6 +399,16 @@ def test_truth_matches_jax(kind, options, shape):
         assert err < 1e-10 * max(np.linalg.norm(ref), floor), k
 
 
+def _layer_case(kind, opts, seed, scale, x_shape, dy_shape, fmt=np.float32):
+    """Random parameters (normal, `scale`), input and output gradient for `kind`, drawn in
+    that order from `seed` and rounded to `fmt`, held as float64 (exact in `fmt`)."""
+    rng = np.random.default_rng(seed)
+    exact = lambda a: a.astype(fmt).astype(np.float64)  # noqa: E731
+    params = {k: exact(rng.normal(scale=scale, size=s))
+              for k, s in tpcheck.layer_parameters(kind, opts).items()}
+    return params, exact(rng.normal(size=x_shape)), exact(rng.normal(size=dy_shape))
+
+
 @pytest.mark.parametrize("dtype,np_dtype,u", [("float32", np.float32, 2.0**-24),
                                                ("bfloat16", None, 2.0**-8)])
 def test_layer_run_computes_in_the_dtype_asked_and_stays_near_the_truth(dtype, np_dtype, u):
@@ -408,11 +418,7 @@ def test_layer_run_computes_in_the_dtype_asked_and_stays_near_the_truth(dtype, n
     import ml_dtypes
     fmt = np_dtype or ml_dtypes.bfloat16
     opts = {"hidden_size": 16, "ffn_hidden_size": 24}
-    rng = np.random.default_rng(11)
-    params = {k: rng.normal(scale=0.3, size=s).astype(fmt).astype(np.float64)
-              for k, s in tpcheck.layer_parameters("LayerNormMLP", opts).items()}
-    x = rng.normal(size=(12, 16)).astype(fmt).astype(np.float64)
-    dy = rng.normal(size=(12, 16)).astype(fmt).astype(np.float64)
+    params, x, dy = _layer_case("LayerNormMLP", opts, 11, 0.3, (12, 16), (12, 16), fmt)
     run = tpcheck.layer_run("LayerNormMLP", opts, params, x, grad_output=dy, dtype=dtype,
                             device="cpu", tf32=False)
     truth = tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=dy)
@@ -433,11 +439,7 @@ def test_layer_run_with_tf32_rounds_its_float32_gemms_to_tf32():
     the truth grows from float32's to TF32's (u = 2^-11). Seed 5 (calibration): worst
     2.2e-7 without, 7.6e-4 = 1.5 u with, 3500x; seed 11 (this test): 1.6e-7, 4.3e-4, 2750x."""
     opts = {"hidden_size": 16, "ffn_hidden_size": 24}
-    rng = np.random.default_rng(11)
-    f32 = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731
-    params = {k: f32(rng.normal(scale=0.3, size=s))
-              for k, s in tpcheck.layer_parameters("LayerNormMLP", opts).items()}
-    x, dy = f32(rng.normal(size=(12, 16))), f32(rng.normal(size=(12, 16)))
+    params, x, dy = _layer_case("LayerNormMLP", opts, 11, 0.3, (12, 16), (12, 16))
     truth = tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=dy).tensors()
     worst = {}
     for tf32 in (False, True):
@@ -463,11 +465,8 @@ def test_layer_run_sharded_gives_the_full_tensors(kind, opts, shape):
     shapes as the unsharded run, within float32 rounding of the truth (a shard put back in
     the wrong place is an O(1) error), and not all bitwise the unsharded run's (it really
     ran sharded). Worst: 7.2 u on seed 5 (calibration), 6.1 u on seed 13 (this test)."""
-    rng = np.random.default_rng(13)
-    f32 = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731
-    params = {k: f32(rng.normal(scale=0.3, size=s)) for k, s in tpcheck.layer_parameters(kind, opts).items()}
-    x = f32(rng.normal(size=shape))
-    dy = f32(rng.normal(size=shape[:-1] + (opts.get("out_features", 16),)))
+    params, x, dy = _layer_case(kind, opts, 13, 0.3, shape,
+                                shape[:-1] + (opts.get("out_features", 16),))
     one = tpcheck.layer_run(kind, opts, params, x, grad_output=dy, dtype="float32", device="cpu",
                             tf32=False).tensors()
     truth = tpcheck.layer_truth(kind, opts, params, x, grad_output=dy).tensors()
@@ -492,15 +491,10 @@ def test_layer_run_with_a_recipe_quantizes_its_gemms():
     """recipe= quantizes every Linear GEMM as one step of `tpcheck run --recipe` does: the
     error against the truth grows from float32's to the format's (E4M3, u = 2^-4; the
     relative RMS of fc1's weight gradient, a reduction over 32 tokens of quantized
-    operands). Seed 5
-    (calibration): fp8 7.4e-2, fp8_cs 7.7e-2 against 1.9e-7 unquantized; seed 17 (this
-    test): 8.7e-2, 8.2e-2, 2.2e-7."""
+    operands). Seed 5 (calibration): fp8 7.4e-2, fp8_cs 7.7e-2 against 1.9e-7
+    unquantized; seed 17 (this test): 8.7e-2, 8.2e-2, 2.2e-7."""
     opts = {"hidden_size": 64, "ffn_hidden_size": 128}
-    rng = np.random.default_rng(17)
-    f32 = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731
-    params = {k: f32(rng.normal(scale=0.1, size=s))
-              for k, s in tpcheck.layer_parameters("LayerNormMLP", opts).items()}
-    x, dy = f32(rng.normal(size=(32, 64))), f32(rng.normal(size=(32, 64)))
+    params, x, dy = _layer_case("LayerNormMLP", opts, 17, 0.1, (32, 64), (32, 64))
     truth = tpcheck.layer_truth("LayerNormMLP", opts, params, x, grad_output=dy).grads
     err = {}
     for recipe in (None, "fp8", "fp8_cs"):
