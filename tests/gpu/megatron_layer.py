@@ -27,8 +27,10 @@ Each job is judged under every policy of --policies; the per-tensor verdicts of
 torch.testing.assert_close (defaults) and of the `te` rule are recorded next to the
 policy's for the HF jobs (rank 0). Prints one table row per (part, TP, dtype, policy) —
 correct runs passing, bugs caught (the run fails once the bug fired) and how many of those
-on the bug's own tensor or a rank's copy of it, errors, compare_tp's seconds (first call /
-median) — and writes DIR/summary.json and DIR/<part>_tp<N>/rank<r>.json. Exit status 0
+on the bug's own tensor or a rank's copy of it, errors, compare_tp's seconds (the first
+call on each job's modules / their median; for Megatron also the median of LATER_CALLS
+more calls on the same modules, against one unsharded forward+backward plus one truth with
+its probe) — and writes DIR/summary.json and DIR/<part>_tp<N>/rank<r>.json. Exit status 0
 when every expectation under `truth` holds (correct code passes, each bug is caught or
 refused), 1 otherwise; `te` is reported, not required (its false alarms are a figure).
 
@@ -58,6 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 HF_WORKERS = os.path.join(ROOT, "tests", "python", "hf_workers")
 SEEDS = [101, 102, 103]
+LATER_CALLS = 3   # more compare_tp calls on a correct Megatron job's modules, timed
 BUG_SEED = 7
 HF_BUGS = {"dropped-reduction": ("output", "output.logits"),
            "shard-offset": ("parameter", "model.layers.0.self_attn.q_proj.weight"),
@@ -206,6 +209,18 @@ def megatron_job(j: dict, groups: dict, device) -> list[dict]:
                                     for e in report.failures][:3],
                         "seconds": report.seconds,
                         "compare_seconds": round(time.perf_counter() - t, 3)})
+    truth_row = next((r for r in results if r["policy"] == "truth" and "error" not in r), None)
+    if j["bug"] == "none" and truth_row is not None:
+        # later calls on the same module (issue 42's figure), each from a barrier
+        later = []
+        for _ in range(LATER_CALLS):
+            dist.barrier()
+            t = time.perf_counter()
+            report = compare_tp(single, sharded, (x,), {"attention_mask": mask},
+                                grad_output=(dy, None), policy="truth", **dims)
+            later.append(round(time.perf_counter() - t, 4))
+        truth_row.update(later_seconds=later, later_phases=report.seconds,
+                         later_work=report.work)
     if dist.get_rank() == 0 and j["bug"] == "none":
         results[-1]["reference_seconds"] = _reference_seconds(single, x, mask, dy, device)
     return results
@@ -312,9 +327,12 @@ def _judge_rows(part: str, n: int, ranks: list[list[dict]], key, bugs: dict,
                 "part": part, "tp": n, "dtype": label, "policy": policy, "correct": 0,
                 "correct_passed": 0, "bugs": 0, "bugs_caught": 0, "bugs_on_tensor": 0,
                 "errors": [], "misses": [],
-                "seconds": [], "reference": []})
+                "seconds": [], "reference": [], "later": []})
             if rank == 0 and "compare_seconds" in r:
                 row["seconds"].append(r["compare_seconds"])
+            if rank == 0 and "later_seconds" in r:
+                row["later"] += r["later_seconds"]
+                row["later_phases"], row["later_work"] = r["later_phases"], r["later_work"]
             if rank == 0 and "reference_seconds" in r:
                 row["reference"].append(sum(r["reference_seconds"].values()))
             bug = r["bug"]
@@ -398,22 +416,30 @@ def driver(args) -> int:
             rows += new
     json.dump(rows, open(os.path.join(out, "summary.json"), "w"), indent=1)
     print("| part | TP | dtype | policy | correct passing | bugs caught (on their tensor) "
-          "| compare_tp s (first / median) | fwd+bwd + truth s (median) | launch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| compare_tp s (first / median) | later, same module s (median) "
+          "| fwd+bwd + truth s (median) | launch |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     ok = True
     for r in rows:
         s = r["seconds"]
         secs = f"{s[0]:.2f} / {statistics.median(s):.2f}" if s else "-"
-        ref = f"{statistics.median(r['reference']):.2f}" if r.get("reference") else "-"
+        ref = statistics.median(r["reference"]) if r.get("reference") else None
+        later = statistics.median(r["later"]) if r.get("later") else None
         print(f"| {r['part']} | {r['tp']} | {r['dtype']} | {r['policy']} "
               f"| {r['correct_passed']}/{r['correct']} | {r['bugs_caught']}/{r['bugs']} "
-              f"({r['bugs_on_tensor']}) | {secs} | {ref} "
-              f"| rc {r['launch_rc']}, {r['launch_s']} s |")
+              f"({r['bugs_on_tensor']}) | {secs} "
+              f"| {f'{later:.3f}' if later is not None else '-'}"
+              f"{f' ({later / ref:.2f}x)' if later is not None and ref else ''} "
+              f"| {f'{ref:.3f}' if ref else '-'} | rc {r['launch_rc']}, {r['launch_s']} s |")
         if r["policy"].startswith("truth") and (r["correct_passed"] < r["correct"]
                                                  or r["bugs_caught"] < r["bugs"]):
             ok = False
         if r["launch_rc"] != 0:
             ok = False
+    for r in rows:
+        if r.get("later"):
+            print(f"{r['part']} TP {r['tp']} {r['dtype']}: a later call by phase on rank 0 "
+                  f"{r['later_phases']}; its work {r['later_work']}")
     for r in rows:
         for m in r["misses"][:4]:
             print(f"{r['part']} TP {r['tp']} {r['dtype']} {r['policy']}: {m[:400]}")

@@ -8,9 +8,10 @@ suite's defaults, m = 4, f = 1; seeds 1–3 were looked at while writing this, t
 below were not), and every injected bug must be caught. One spawn per TP size carries all
 scenarios. TPCHECK_TEST_LONG=1 adds 30 held-out seeds and TP 8.
 
-The same spawn checks the split of the work: the truth is computed on rank 0 only
-(counted per rank), every rank gets the same report, a replica that differs on one rank is
-judged, and input that only some ranks see as bad raises on every rank without a hang.
+The same spawn checks the split of the work: the unsharded run on rank 0, the truth's
+probed and float64 runs on ranks 1 and 2, each once (counted per rank), every rank gets
+the same report, a replica that differs on one rank is judged, and input that only some
+ranks see as bad raises on every rank without a hang.
 Bad input is also tested in this process on a one-rank gloo group, and the GEMM class from
 a cuBLASLt trace with a fake trace (no GPU here).
 """
@@ -115,18 +116,22 @@ def test_injected_bug_is_caught(tp_results, kind, bug):
     assert all(not r["passed"] for r in rs), f"TP {n}: {kind} with {bug} passed on some rank"
 
 
-def test_truth_is_computed_on_rank_0_only_and_every_rank_gets_the_same_report(tp_results):
-    """The unsharded run, the truth and the judging happen once per group, on rank 0; the
-    verdicts reach every rank: the same report (but for its `rank`), the same assert_ok
-    reason, and the judged tensors (raw) only on rank 0."""
+def test_each_part_of_the_judging_runs_once_and_every_rank_gets_the_same_report(tp_results):
+    """The unsharded run happens once per group, on rank 0; the truth's probed run on rank 1
+    and its float64 run on rank 2 (rank 0 at TP 2), each once; the verdicts reach every
+    rank: the same report (but for its `rank`), the same assert_ok reason, and the judged
+    tensors (raw) only on rank 0."""
     n, ranks = tp_results
     jobs = [k for k in _by_job(ranks) if k[0] in KINDS or k[0] in ("replica", "megatron-fwd")]
     assert len(jobs) == len(_jobs()) - len(BAD_INPUTS)
+    where = {"unsharded run": 0, "probed run": 1, "float64 run": 2 if n > 2 else 0}
     for key in jobs:
         rs = _by_job(ranks)[key]
         assert len(rs) == n and all("error" not in r for r in rs), rs[0].get("traceback")
-        calls = [r["truth_calls"] for r in rs]
-        assert calls == [1] + [0] * (n - 1), f"TP {n} {key}: truth computed per rank {calls}"
+        for part, rank in where.items():
+            calls = [r["part_calls"][part] for r in rs]
+            assert calls == [int(r == rank) for r in range(n)], f"TP {n} {key}: {part} per rank {calls}"
+            assert rs[0]["report"]["work"][part]["rank"] == rank
         assert all(r["report"] == rs[0]["report"] for r in rs[1:]), f"TP {n} {key}: reports differ"
         assert all(r["assert_ok"] == rs[0]["assert_ok"] for r in rs[1:])
         assert (rs[0]["assert_ok"] is None) == rs[0]["passed"]
@@ -230,8 +235,8 @@ def test_the_report_times_each_phase(one_rank_group):
     single = _mlp()
     x, dy = torch.randn(4, 8), torch.randn(4, 8)
     report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
-    phases = ["checks", "inputs and parameters", "sharded run and gathers", "collecting",
-              "unsharded run", "truth", "judging"]
+    phases = ["checks", "inputs and parameters", "sharded run and gathers", "unsharded run",
+              "truth", "collecting", "judging"]
     assert list(report.seconds) == phases + ["total"]
     assert all(v >= 0 for v in report.seconds.values())
     assert sum(report.seconds[p] for p in phases) == pytest.approx(report.seconds["total"], abs=1e-3)

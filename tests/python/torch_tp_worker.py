@@ -20,19 +20,21 @@ import traceback
 import torch
 import torch.distributed as dist
 
-TRUTH_CALLS = 0  # how many times compare_tp computed the truth in this rank's process
+# how many times compare_tp ran each part of its judging work in this rank's process
+PART_CALLS = {"unsharded run": 0, "float64 run": 0, "probed run": 0}
 
 
-def _count_truth_calls() -> None:
-    """Wraps compare_tp's truth function with a counter (once per process)."""
-    import tpcheck.judge._judging as j
-    real = j.module_truth
+def _count_part_calls() -> None:
+    """Wraps the functions of compare_tp's judging work with counters (once per process)."""
+    import tpcheck.judge._work as w
+    for part, name in (("unsharded run", "_single_run"), ("float64 run", "exact_run"),
+                       ("probed run", "probed_run")):
+        real = getattr(w, name)
 
-    def counted(*args, **kwargs):
-        global TRUTH_CALLS
-        TRUTH_CALLS += 1
-        return real(*args, **kwargs)
-    j.module_truth = counted
+        def counted(*args, _real=real, _part=part, **kwargs):
+            PART_CALLS[_part] += 1
+            return _real(*args, **kwargs)
+        setattr(w, name, counted)
 
 
 def _te_rule_fails(report_tensors: dict) -> bool:
@@ -126,7 +128,7 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
         bad_input(bug, tp)
         return {"kind": kind, "bug": bug, "seed": seed, "tp": tp, "raised": False}
     hidden, ffn, seq, batch = 64, 256, 64, 4
-    truth_calls_before = TRUTH_CALLS
+    calls_before = dict(PART_CALLS)
     torch.manual_seed(seed)
     L.BUG = bug if kind.startswith("megatron") else "none"
     undo = lambda: None
@@ -189,7 +191,8 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
             "failing": [e["name"] for e in report.failures],
             "reasons": [list(e["verdicts"].values())[0]["reason"] for e in report.failures][:3],
             "assert_close_fails": _assert_close_fails(pairs), "te_rule_fails": _te_rule_fails(pairs),
-            "truth_calls": TRUTH_CALLS - truth_calls_before, "report": shared,
+            "part_calls": {k: v - calls_before[k] for k, v in PART_CALLS.items()},
+            "report": shared,
             "assert_ok": assert_ok, "raw_names": sorted(report.raw),
             "kinds": sorted({e["kind"] for e in report.entries}), "backward": report.backward}
 
@@ -201,7 +204,7 @@ def rank_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> Non
     # a rank left waiting in a collective fails the test in two minutes instead of hanging
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    _count_truth_calls()
+    _count_part_calls()
     results = []
     try:
         for job in jobs:

@@ -13,6 +13,7 @@ import torch
 
 from .._errors import InputError
 from ._gather import ShardSpec, gather, is_dtensor, is_replica, local_chunk, waited
+from ._gemm import matmul_switches
 from ._group import Group
 from ._module_truth import ModuleTruth
 from ._naming import named_tensors
@@ -36,9 +37,11 @@ class CompareOptions:
     policy's error
     model: unit_roundoff, math, reduction_length, tp_size, multiplier, floor_factor. The
     truth: probe, strict_truth (refuse casts below float64 instead of lifting them),
-    truth (a precomputed module truth). check_parameters, trace_gemms. replicas: what a
-    replicated tensor's copies that differ between ranks are ("identical": a failure of
-    their own, beside the policy's verdict; "judge": only the policy's verdict)."""
+    truth (a precomputed module truth), spread_truth (the truth's two runs on ranks 1 and
+    2, beside the unsharded run on rank 0: _work). check_parameters, trace_gemms.
+    replicas: what a replicated tensor's copies that differ between ranks are
+    ("identical": a failure of their own, beside the policy's verdict; "judge": only the
+    policy's verdict)."""
 
     grad_output: Any = None
     backward: Optional[bool] = None
@@ -58,6 +61,7 @@ class CompareOptions:
     probe: bool = True
     strict_truth: bool = False
     truth: Optional[ModuleTruth] = None
+    spread_truth: bool = True
     check_parameters: bool = True
     trace_gemms: Optional[bool] = None
     replicas: str = "identical"
@@ -92,8 +96,9 @@ class Clock:
         self.seconds: dict[str, float] = {}
 
     def lap(self, phase: str) -> None:
+        """The time since the last lap goes to `phase` (added, when it had some)."""
         now = time.perf_counter()
-        self.seconds[phase] = round(now - self._last, 4)
+        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + now - self._last, 4)
         self._last = now
 
     def done(self) -> dict[str, float]:
@@ -123,6 +128,7 @@ class Call:
     state: dict = field(default_factory=dict)             # replicated quantizer state by name
     trace_summary: Optional[dict] = None
     backward: bool = False                                # did the sharded backward run
+    plan: Any = None                                      # _work.Plan: who runs what
 
     @property
     def tp_size(self) -> int:
@@ -132,6 +138,19 @@ class Call:
     def want_trace(self) -> bool:
         wanted = self.opts.trace_gemms
         return wanted if wanted is not None else self.device.type == "cuda"
+
+    def trace_reuse(self, module: torch.nn.Module) -> Optional[tuple[torch.nn.Module, tuple]]:
+        """(module, call key) under which an earlier call's GEMM trace of `module` stands for
+        this call's (_gemm's module docstring); None with trace_gemms=True (trace every call)."""
+        if self.opts.trace_gemms:
+            return None
+        o = self.opts
+        grads = named_tensors(o.grad_output, "output") if o.grad_output is not None else {}
+        key = (tuple((k, tuple(t.shape), t.dtype) for k, t in self.inputs.items()),
+               tuple((k, tuple(t.shape), t.dtype) for k, t in grads.items()),
+               tuple(sorted(o.input_dims.items())), tuple(sorted(o.output_dims.items())),
+               o.backward, tuple(p.dtype for p in module.parameters()), matmul_switches())
+        return module, key
 
 
 def _backward_wanted(c: Call) -> bool:

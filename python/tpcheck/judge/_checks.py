@@ -29,7 +29,9 @@ def call_signature(single: torch.nn.Module, sharded: torch.nn.Module,
                         if grad_output is not None else None),
         "unsharded parameters": {k: _describe(p) + [p.requires_grad]
                                  for k, p in single.named_parameters()},
-        "sharded parameter names": [k for k, _ in sharded.named_parameters()],
+        "unsharded buffers": {k: _describe(b) for k, b in single.named_buffers()},
+        # a DTensor's local shape may differ between ranks (uneven shards): its global one
+        "sharded parameters": {k: _describe(p) for k, p in sharded.named_parameters()},
         **options,
     }
 
@@ -38,6 +40,14 @@ def check_same_call(signatures: list[dict]) -> None:
     """InputError naming the first rank whose call differs from rank 0's, and how."""
     for r, sig in enumerate(signatures[1:], start=1):
         for key, ours in signatures[0].items():
+            if key == "sharded parameters" and sig.get(key) != ours:
+                theirs = sig.get(key) or {}
+                for k in ours:
+                    if k in theirs and theirs[k] != ours[k]:
+                        raise InputError(
+                            f"compare_tp: rank {r}'s sharded parameter {k!r} is {theirs[k]}, "
+                            f"rank 0's {ours[k]}; expected the same shape and dtype on every "
+                            "rank (uneven shards are not supported)")
             if sig.get(key) != ours:
                 raise InputError(f"compare_tp: rank {r} was called with {key} {sig.get(key)}, "
                                  f"rank 0 with {ours}; expected the same call on every rank "

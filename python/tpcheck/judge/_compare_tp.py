@@ -32,13 +32,14 @@ from .._names import REPORT_KIND_INPUT_GRADIENT, REPORT_KIND_OUTPUT, REPORT_KIND
 from ._call import REPLICA_MODES, WHO, Call, Clock, CompareOptions, forward_backward, options_from
 from ._checks import (buffers, call_signature, check_buffers_unchanged, check_same_call,
                       first_difference, same_bits)
-from ._gather import (ShardSpec, gather, is_dtensor, is_replica, local_chunk, local_tensor,
-                      spec_of_parameter)
+from ._gather import (ShardSpec, gather_all, is_dtensor, is_replica, local_chunk,
+                      local_tensor, spec_of_parameter)
 from ._gemm import GemmTrace
 from ._group import Group, portable
 from ._judging import judge_on_root
 from ._naming import named_inputs, named_tensors
 from ._replicated_state import quantized_region_open, replicated_state
+from ._work import helper_view, plan_of, run_parts, share
 from ._report import TPReport
 from ._runs import input_gradients, leaf_inputs, one_device
 from ._te_reference import te_gather_strides
@@ -105,32 +106,52 @@ def _check_call(c: Call) -> None:
 
 # --- 2. inputs and parameters ------------------------------------------------------------
 
-def _check_inputs(c: Call) -> Optional[BaseException]:
-    """The inputs and grad_output must be rank 0's bit for bit (its unsharded run stands
-    for every rank's). Every rank makes every broadcast; a failure is returned."""
-    err = None
+def _spreading(c: Call) -> bool:
+    """Whether ranks other than 0 may run parts of the truth (_work): then every rank
+    compares its unsharded module with rank 0's. The same answer on every rank."""
+    return c.opts.policy == "truth" and c.opts.spread_truth and c.g.size > 1
+
+
+def _check_inputs(c: Call) -> tuple[Optional[BaseException], bool]:
+    """One broadcast of rank 0's inputs, grad_output, replicated quantizer state and (when
+    spreading) its unsharded module's parameters and buffers. The inputs and grad_output
+    must be rank 0's bit for bit (its unsharded run stands for every rank's); the state is
+    kept on rank 0 and, where it differs, sent there later. Returns (the first failure,
+    whether this rank's unsharded module is rank 0's bit for bit)."""
     go = named_tensors(c.opts.grad_output, "output") if c.opts.grad_output is not None else {}
-    for what, tensors in (("input", c.inputs), ("grad_output", go)):
-        for k, t in tensors.items():
-            ref = c.g.tensor_from_root(t)
-            if err is None and not same_bits(ref, t):
-                err = InputError(f"{WHO}: {what} {k!r} on rank {c.g.rank} differs from rank "
-                                 f"0's ({first_difference(ref, t)}); expected the same global "
-                                 f"{what} on every rank (seed the generator alike on every rank)")
-    return err
+    checked = [("input", k, t) for k, t in c.inputs.items()]
+    checked += [("grad_output", k, t) for k, t in go.items()]
+    state = list(c.state.items())
+    single = (list(c.single.named_parameters()) + list(c.single.named_buffers())
+              if _spreading(c) else [])
+    tensors = [t for _, _, t in checked] + [t for _, t in state] + [t for _, t in single]
+    refs = c.g.tensors_from_root(tensors, c.device)
+    err = None
+    for (what, k, t), ref in zip(checked, refs):
+        if err is None and not same_bits(ref, t):
+            err = InputError(f"{WHO}: {what} {k!r} on rank {c.g.rank} differs from rank "
+                             f"0's ({first_difference(ref, t)}); expected the same global "
+                             f"{what} on every rank (seed the generator alike on every rank)")
+    refs = refs[len(checked):]
+    for (name, t), ref in zip(state, refs):
+        if c.g.judging:
+            c.state[name] = t.detach().clone()
+        elif not same_bits(ref, t):
+            c.copies[f"s:{name}"] = t.detach().cpu()
+    same_single = all(same_bits(ref, t) for (_, t), ref in zip(single, refs[len(state):]))
+    return err, same_single
 
 
 def _gather_parameters(c: Call, err: Optional[BaseException]) -> Optional[BaseException]:
     """Every sharded parameter gathered into a full tensor (kept on the judging rank) and
     its shape checked against the unsharded one's; the first failure is returned."""
-    for k, p in c.sharded_params.items():
-        spec = c.specs[k]
-        try:
-            full = gather(p, spec, c.g.group)
-        except Exception as e:  # noqa: BLE001 - exchanged with the other ranks
-            err = err or e
-            continue
-        want = tuple(c.single_params[k].shape)
+    names = list(c.sharded_params)
+    try:
+        fulls = gather_all([(c.sharded_params[k], c.specs[k]) for k in names], c.g, c.device)
+    except Exception as e:  # noqa: BLE001 - exchanged with the other ranks
+        return err or e
+    for k, full in zip(names, fulls):
+        spec, want = c.specs[k], tuple(c.single_params[k].shape)
         if tuple(full.shape) != want and err is None:
             hint = (f"; say how it is split: shards={{{k!r}: dim}}"
                     if spec.dim is None and not spec.dtensor else "")
@@ -145,9 +166,10 @@ def _gather_parameters(c: Call, err: Optional[BaseException]) -> Optional[BaseEx
 
 def _gather_gradients(c: Call, p_args: tuple, p_kwargs: dict) -> None:
     """The input and parameter gradients of the sharded run, gathered into full tensors."""
+    items: dict[str, tuple[str, torch.Tensor, ShardSpec]] = {}
     for k, gi in input_gradients(p_args, p_kwargs).items():
         dim = c.opts.input_dims.get(k)
-        c.sharded_full[k] = (REPORT_KIND_INPUT_GRADIENT, gather(gi, ShardSpec(dim), c.g.group))
+        items[k] = (REPORT_KIND_INPUT_GRADIENT, gi, ShardSpec(dim))
         if dim is None:
             c.replicas.add(k)
     for k, p in c.single_params.items():
@@ -160,31 +182,23 @@ def _gather_gradients(c: Call, p_args: tuple, p_kwargs: dict) -> None:
             dist.all_reduce(gp, group=c.g.group)
         if is_replica(gp, c.specs[k].dim):
             c.replicas.add(k)
-        c.sharded_full[k] = (REPORT_KIND_PARAMETER_GRADIENT, gather(gp, c.specs[k], c.g.group))
+        items[k] = (REPORT_KIND_PARAMETER_GRADIENT, gp, c.specs[k])
+    fulls = gather_all([(t, spec) for _, t, spec in items.values()], c.g, c.device)
+    for (k, (kind, _, _)), full in zip(items.items(), fulls):
+        c.sharded_full[k] = (kind, full)
 
 
 def _collect_differing_replicas(c: Call) -> None:
     """Replicated tensors are each rank's own copy: those that differ from rank 0's go to
-    rank 0 to be judged too (one tensor at a time; usually none differs)."""
+    rank 0 to be judged too (compared after one broadcast of rank 0's; usually none
+    differs)."""
     items = [(f"t:{k}", v[1]) for k, v in c.sharded_full.items() if k in c.replicas]
     items += [(f"p:{k}", local_tensor(p)) for k, p in c.sharded_params.items()
               if is_replica(p, c.specs[k].dim)]
-    for key, t in items:
-        ref = c.g.tensor_from_root(t)
+    refs = c.g.tensors_from_root([t for _, t in items], c.device)
+    for (key, t), ref in zip(items, refs):
         if not c.g.judging and not same_bits(ref, t):
             c.copies[key] = t.detach().cpu()
-
-
-def _collect_differing_state(c: Call) -> None:
-    """The replicated quantizer state as the steps before this call left it (read before the
-    sharded run, which does not quantize): rank 0 keeps its own, the other ranks send what
-    differs from it."""
-    for name, t in c.state.items():
-        ref = c.g.tensor_from_root(t)
-        if c.g.judging:
-            c.state[name] = t.detach().clone()
-        elif not same_bits(ref, t):
-            c.copies[f"s:{name}"] = t.detach().cpu()
 
 
 def _run_sharded_module(c: Call) -> tuple[tuple, dict]:
@@ -195,7 +209,7 @@ def _run_sharded_module(c: Call) -> tuple[tuple, dict]:
     dims = c.opts.input_dims
     p_args, p_kwargs = leaf_inputs(
         c.args, c.kwargs, lambda name, t: local_chunk(t, dims.get(name), c.g.group).clone())
-    with GemmTrace(c.want_trace, c.device) as tr:
+    with GemmTrace(c.want_trace, c.device, c.trace_reuse(c.sharded)) as tr:
         outs, replicas, c.backward = forward_backward(c, c.sharded, p_args, p_kwargs, True)
     c.trace_summary = tr.summary()
     check_buffers_unchanged("sharded", c.sharded, before)
@@ -204,18 +218,29 @@ def _run_sharded_module(c: Call) -> tuple[tuple, dict]:
     return p_args, p_kwargs
 
 
+def _outputs_alike(c: Call, outputs: list[dict]) -> None:
+    """Every rank's outputs must have rank 0's names, shapes and dtypes (their replicas are
+    compared in one packed broadcast)."""
+    for r, theirs in enumerate(outputs[1:], start=1):
+        if theirs != outputs[0]:
+            raise InputError(f"{WHO}: the sharded module's outputs on rank {r} are {theirs}, "
+                             f"on rank 0 {outputs[0]}; expected the same outputs on every "
+                             "rank (gathered to their global shapes)")
+
+
 def _sharded_run(c: Call) -> Optional[BaseException]:
     """Every rank: the sharded run, then (when every rank's run succeeded) the gathers of
     its outputs and gradients. A gather's error is returned, for the judging rank."""
     err = None
     try:
-        _collect_differing_state(c)
         p_args, p_kwargs = _run_sharded_module(c)
     except Exception as e:  # noqa: BLE001 - raised on every rank below
         err = e
-    exchanged = c.g.all_objects((portable(err), c.backward))
-    c.g.raise_first(err, [e for e, _ in exchanged])
-    ran = [r for r, (_, backward) in enumerate(exchanged) if backward]
+    outputs = {k: (list(t.shape), str(t.dtype)) for k, (_, t) in c.sharded_full.items()}
+    exchanged = c.g.all_objects((portable(err), c.backward, outputs))
+    c.g.raise_first(err, [e for e, _, _ in exchanged])
+    _outputs_alike(c, [o for _, _, o in exchanged])
+    ran = [r for r, (_, backward, _) in enumerate(exchanged) if backward]
     if 0 < len(ran) < c.g.size:
         raise InputError(f"{WHO}: backward ran on ranks {ran} only (a scalar output on some "
                          "ranks); pass grad_output= or backward=False")
@@ -233,17 +258,21 @@ def _sharded_run(c: Call) -> Optional[BaseException]:
 # --- 4. judging and the outcome ----------------------------------------------------------
 
 def _finish(c: Call, err: Optional[BaseException]) -> TPReport:
-    """Rank 0 collects every rank's errors, traces and differing copies and judges; the
-    outcome (the report's shared part, or the first error) goes to every rank."""
+    """Each rank runs its part of the judging work (_work) and sends it on; rank 0 collects
+    every rank's errors, traces and differing copies and judges; the outcome (the report's
+    shared part, or the first error) goes to every rank."""
+    work = run_parts(c)
+    share(c, work)
     payloads = c.g.objects_to_root({"error": portable(err), "trace": c.trace_summary,
                                     "copies": c.copies})
     report, outcome = None, None
     if c.g.judging:
-        report, outcome, judge_err = judge_on_root(c, payloads)
+        report, outcome, judge_err = judge_on_root(c, payloads, work)
         err = err or judge_err
     outcome = c.g.object_from_root(outcome)
     if outcome[0] == "error":
-        c.g.raise_first(err, [outcome[2] if r == outcome[1] else None for r in range(c.g.size)])
+        own = err if err is not None else work.own_error
+        c.g.raise_first(own, [outcome[2] if r == outcome[1] else None for r in range(c.g.size)])
     return report if report is not None else TPReport.from_shared(outcome[1], c.g.rank)
 
 
@@ -314,7 +343,9 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     c = Call(single, sharded, args, dict(kwargs or {}), opts, Group(opts.group), Clock())
     _check_call(c)
     c.clock.lap("checks")
-    c.g.agree(_gather_parameters(c, _check_inputs(c)))
+    err, same_single = _check_inputs(c)
+    views = c.g.agree(_gather_parameters(c, err), helper_view(c, same_single))
+    c.plan = plan_of(c, views)
     c.clock.lap("inputs and parameters")
     err = _sharded_run(c)
     c.clock.lap("sharded run and gathers")

@@ -8,21 +8,27 @@ A sharded parameter says how it is split in one of three ways, tried in this ord
   r, N + r, 2N + r, ... — megatron.core's _initialize_affine_weight_cpu);
 - the caller's map {name: dim} (None for replicated).
 Anything else is replicated: the rank holds the whole tensor.
+
+`gather_all` reassembles many tensors with one all-gather of their packed bytes: those
+split along one dim (Megatron's attributes, the shards map, the gradients of sharded
+inputs) and DTensors sharded evenly on one dim of a 1-D mesh over the group itself. Other
+DTensors (2-D meshes, partial sums, uneven or strided shards, another group) gather one by
+one with their own full_tensor().
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from .._errors import InputError
 
-__all__ = ["ShardSpec", "is_dtensor", "spec_of_parameter", "gather", "local_chunk",
-           "is_replica", "local_tensor", "waited"]
+__all__ = ["ShardSpec", "is_dtensor", "spec_of_parameter", "gather", "gather_all",
+           "local_chunk", "is_replica", "local_tensor", "waited"]
 
 
 @dataclass(frozen=True)
@@ -79,8 +85,15 @@ def all_gather_dim(t: torch.Tensor, dim: int, group, stride: int = 1) -> torch.T
         return t
     pieces = [torch.empty_like(t) for _ in range(n)]
     dist.all_gather(pieces, t, group=group)
+    return _joined(pieces, dim, stride)
+
+
+def _joined(pieces: Sequence[torch.Tensor], dim: int, stride: int) -> torch.Tensor:
+    """The full tensor from every rank's piece along `dim`, in rank order (each piece cut
+    into `stride` parts that interleave: Megatron's partition_stride)."""
+    n, t = len(pieces), pieces[0]
     if stride == 1:
-        return torch.cat(pieces, dim=dim)
+        return torch.cat(list(pieces), dim=dim)
     if t.shape[dim] % stride:
         raise InputError(f"compare_tp: a shard of length {t.shape[dim]} along dim {dim} does "
                          f"not split into partition_stride {stride} pieces; expected a length divisible "
@@ -96,6 +109,43 @@ def gather(t: torch.Tensor, spec: ShardSpec, group) -> torch.Tensor:
     if spec.dim is None:
         return t.detach()
     return all_gather_dim(t, spec.dim, group, spec.stride)
+
+
+def _split_of(t: torch.Tensor, spec: ShardSpec, g) -> Optional[tuple[torch.Tensor, int, int]]:
+    """(this rank's piece, dim, stride) when one all-gather along a dim reassembles `t`;
+    None when it is whole here or a DTensor that gathers itself. The same answer on every
+    rank (it reads specs, placements and global shapes, never local data)."""
+    if not is_dtensor(t):
+        return None if spec.dim is None else (t.detach(), spec.dim, spec.stride)
+    from torch.distributed.tensor import Shard
+    mesh, (place, *more) = t.device_mesh, t.placements
+    if more or type(place) is not Shard or t.shape[place.dim] % g.size:
+        return None
+    if mesh.mesh.flatten().tolist() != _group_ranks(g):
+        return None
+    return waited(t.detach().to_local()), place.dim % t.dim(), 1
+
+
+def _group_ranks(g) -> list[int]:
+    return [g.global_rank(r) for r in range(g.size)]
+
+
+def gather_all(items: Sequence[tuple[torch.Tensor, ShardSpec]], g, device: torch.device) -> list[torch.Tensor]:
+    """The full tensors of many (tensor, spec) pairs: those split along a dim with one
+    all-gather of their packed bytes (module docstring), the others one by one."""
+    out: list = [None] * len(items)
+    split = []
+    for i, (t, spec) in enumerate(items):
+        found = _split_of(t, spec, g) if g.size > 1 else None
+        if found is None:
+            out[i] = gather(t, spec, g.group)
+        else:
+            split.append((i, *found))
+    if split:
+        by_rank = g.all_gather_packed([piece for _, piece, _, _ in split], device)
+        for j, (i, _, dim, stride) in enumerate(split):
+            out[i] = _joined([pieces[j] for pieces in by_rank], dim, stride)
+    return out
 
 
 def local_chunk(t: torch.Tensor, dim: Optional[int], group) -> torch.Tensor:

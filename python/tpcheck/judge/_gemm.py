@@ -10,6 +10,14 @@ becomes the truth policy's `math`: a TF32 GEMM on float32 inputs gives u = 2^-11
 one leaves the dtype's u. Without a trace (CPU tensors, no cuBLASLt loaded, a trace
 already open, CUBLASLT_LOG_LEVEL set by an outside trace) or with no GEMM recorded,
 torch's allow_tf32 flag decides.
+
+A trace costs about two untraced runs (cuBLASLt writes a log line per call, tpcheck reads
+them back and queries each algorithm's class), so by default compare_tp traces a module's
+run once per call key: the same module on inputs and gradients of the same shapes and
+dtypes, its parameters' dtypes, and torch's matmul switches (matmul_switches) run the
+same GEMMs, whose classes cuBLASLt's heuristic picks from those alone. Later calls with
+that key reuse the first call's classes, and the report says so (`gemm_trace_reused`);
+trace_gemms=True traces every call.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Optional
+import weakref
+from typing import Any, Hashable, Optional
 
 import torch
 
@@ -84,14 +93,33 @@ def choose_math(math: Optional[str], unit_roundoff: Optional[float], classes: Op
     return None, "dtype"
 
 
-class GemmTrace:
-    """`with GemmTrace(wanted): run()` records the classes of the GEMMs cuBLASLt ran in the
-    block (`classes`, `calls`), or says in `why_not` why nothing was traced. A failure of
-    the trace itself never hides or replaces an error of the block."""
+def matmul_switches() -> tuple:
+    """torch's switches that choose a float GEMM's compute type: TF32, the reduced-precision
+    reductions, the float32 matmul precision, and autocast on CUDA."""
+    m = torch.backends.cuda.matmul
+    return (m.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+            m.allow_fp16_reduced_precision_reduction, torch.get_float32_matmul_precision(),
+            torch.backends.cudnn.allow_tf32, torch.is_autocast_enabled("cuda"),
+            str(torch.get_autocast_dtype("cuda")))
 
-    def __init__(self, wanted: bool, device: torch.device):
+
+# module → {call key: the summary of its first traced run with that key}
+_first_traces: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+class GemmTrace:
+    """`with GemmTrace(wanted, device, reuse=(module, key)): run()` records the classes of
+    the GEMMs cuBLASLt ran in the block (`classes`, `calls`), or says in `why_not` why
+    nothing was traced. With `reuse`, a block whose (module, key) was traced before is not
+    traced again: its summary is the first one's (module docstring). A failure of the trace
+    itself never hides or replaces an error of the block."""
+
+    def __init__(self, wanted: bool, device: torch.device,
+                 reuse: Optional[tuple[torch.nn.Module, Hashable]] = None):
         self.wanted = wanted
         self.device = device
+        self.reuse = reuse
+        self.reused: Optional[dict[str, Any]] = None
         self.classes: set[str] = set()
         self.calls = 0
         self.why_not: Optional[str] = (None if wanted else
@@ -105,6 +133,11 @@ class GemmTrace:
     def __enter__(self) -> "GemmTrace":
         if not self.wanted:
             return self
+        if self.reuse is not None:
+            module, key = self.reuse
+            self.reused = _first_traces.get(module, {}).get(key)
+            if self.reused is not None:
+                return self
         if os.environ.get("CUBLASLT_LOG_LEVEL", "0").strip() not in ("", "0"):
             # the process is traced from outside (tpcheck trace, tpcheck emulate --trace):
             # taking cuBLASLt's one logger would cut those lines out of its log
@@ -148,6 +181,9 @@ class GemmTrace:
             self.classes = {c for c in map(class_of_call, calls) if c}
             if not calls:
                 self.why_not = "the trace recorded no cublasLtMatmul"
+            if self.reuse is not None and exc[0] is None and self.query_error is None:
+                module, key = self.reuse
+                _first_traces.setdefault(module, {})[key] = self.summary()
         except Exception as e:
             self.why_not = f"the trace could not be read: {type(e).__name__}: {e}"
         finally:
@@ -160,5 +196,9 @@ class GemmTrace:
             self._dir = None
 
     def summary(self) -> dict[str, Any]:
-        """What this rank's trace found (sent to the judging rank)."""
-        return {"classes": sorted(self.classes), "calls": self.calls, "why_not": self.why_not}
+        """What this rank's trace found (sent to the judging rank); "reused": whether it is
+        an earlier call's."""
+        if self.reused is not None:
+            return dict(self.reused, reused=True)
+        return {"classes": sorted(self.classes), "calls": self.calls, "why_not": self.why_not,
+                "reused": False}

@@ -1,5 +1,6 @@
-"""compare_tp's judging rank (the group's rank 0): the unsharded run, the module truth, the
-error model, and every verdict, each a function over the call (_call.Call)."""
+"""compare_tp's judging rank (the group's rank 0): the error model and every verdict, from
+the sharded run's gathers and the judging work (_work: the unsharded run, the module
+truth), each a function over the call (_call.Call)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import torch
 
 from .._errors import InputError
 from .._names import REPORT_KIND_INPUT_GRADIENT, REPORT_KIND_OUTPUT, REPORT_KIND_PARAMETER_GRADIENT
-from ._call import WHO, Call, forward_backward
-from ._checks import buffers, check_buffers_unchanged
-from ._gemm import GemmTrace, choose_math
+from ._call import WHO, Call
+from ._gemm import choose_math
 from ._group import portable
-from ._module_truth import ModuleTruth, module_truth
+from ._module_truth import ModuleTruth, with_noise
 from ._nominal import unit_roundoff
 from ._replicated_state import reduce_amax_off, state_difference
 from ._report import TPReport
-from ._runs import input_gradients, leaf_inputs
+from ._work import Work
 
 __all__ = ["judge_on_root"]
 
@@ -26,25 +26,6 @@ Pairs = dict[str, tuple[str, torch.Tensor, torch.Tensor]]
 
 _NO_BACKWARD = ("no backward ran ({why}): the outputs and the parameters' gather are "
                 "judged, no gradient is")
-
-
-def _single_run(c: Call) -> tuple[dict, dict, dict]:
-    """The unsharded module's forward (+ backward) on the global inputs: (outputs, input
-    gradients, its GEMM trace's summary)."""
-    before = buffers(c.single)
-    for p in c.single.parameters():
-        p.grad = None
-    s_args, s_kwargs = leaf_inputs(c.args, c.kwargs, lambda _name, t: t.clone())
-    with GemmTrace(c.want_trace, c.device) as tr:
-        outs, _, ran = forward_backward(c, c.single, s_args, s_kwargs, False)
-    check_buffers_unchanged("unsharded", c.single, before)
-    if ran != c.backward:
-        raise InputError(f"{WHO}: backward ran in the {'unsharded' if ran else 'sharded'} run "
-                         "only (a scalar output in one of them); pass grad_output= or "
-                         "backward=False")
-    grads = input_gradients(s_args, s_kwargs, missing_as_zeros=False) if ran else {}
-    c.clock.lap("unsharded run")
-    return outs, grads, tr.summary()
 
 
 def _pairs(c: Call, outputs: dict, input_grads: dict) -> Pairs:
@@ -70,17 +51,14 @@ def _pairs(c: Call, outputs: dict, input_grads: dict) -> Pairs:
     return pairs
 
 
-def _truth(c: Call) -> Optional[ModuleTruth]:
-    """The module truth the truth policy judges against: the caller's, or computed here."""
-    o = c.opts
-    if o.policy != "truth":
+def _truth(c: Call, work: Work) -> Optional[ModuleTruth]:
+    """The module truth the truth policy judges against: the caller's, or the one the work
+    computed (with the noise of its probed run)."""
+    if c.opts.policy != "truth":
         return None
-    if o.truth is not None:
-        return o.truth
-    t = module_truth(c.single, *c.args, grad_output=o.grad_output, backward=c.backward,
-                     probe=o.probe, strict=o.strict_truth, **c.kwargs)
-    c.clock.lap("truth")
-    return t
+    if c.opts.truth is not None:
+        return c.opts.truth
+    return with_noise(work.exact, work.probed) if work.probed is not None else work.exact
 
 
 def _error_model(c: Call, truth: Optional[ModuleTruth], traces: list[dict]) -> tuple[dict, dict]:
@@ -98,6 +76,7 @@ def _error_model(c: Call, truth: Optional[ModuleTruth], traces: list[dict]) -> t
                 "reduction_length": k, "tp_size": c.tp_size, "math": math,
                 "math_source": source, "gemm_classes": classes if calls else None,
                 "gemm_calls_traced": calls,
+                "gemm_trace_reused": any(t.get("reused") for t in traces),
                 "gemm_trace_note": None if calls else traces[0]["why_not"]}
     return reported, judged
 
@@ -178,16 +157,19 @@ def _judge_tensors(report: TPReport, pairs: Pairs, truth: Optional[ModuleTruth],
                 report.add_replica_verdict(p, copy, r)
 
 
-def _judge(c: Call, payloads: list[dict]) -> TPReport:
-    """Rank 0's part: the unsharded run, the truth, and every verdict."""
+def _judge(c: Call, payloads: list[dict], work: Work) -> TPReport:
+    """Rank 0's part: every verdict."""
     c.clock.lap("collecting")
-    outputs, input_grads, single_trace = _single_run(c)
-    pairs = _pairs(c, outputs, input_grads)
-    truth = _truth(c)
-    traces = [single_trace] + [p["trace"] for p in payloads if p["trace"] is not None]
+    pairs = _pairs(c, work.outputs, work.input_grads)
+    truth = _truth(c, work)
+    traces = [work.trace] + [p["trace"] for p in payloads if p["trace"] is not None]
     reported, model = _error_model(c, truth, traces)
     report = TPReport(c.opts.policy, c.g.rank, c.tp_size, reported)
     report.backward = c.backward
+    report.work = {part: {"rank": work.ranks[part], "seconds": work.seconds[part]}
+                   for part in work.ranks}
+    for r, why in c.plan.refused:
+        report.notes.append(f"rank {r} ran no part of the truth: {why}")
     if not c.backward:
         why = ("backward=False" if c.opts.backward is False
                else "no grad_output was given and the output is not a scalar")
@@ -203,16 +185,20 @@ def _judge(c: Call, payloads: list[dict]) -> TPReport:
     return report
 
 
-def judge_on_root(c: Call, payloads: list[dict]) -> tuple[Optional[TPReport], Any,
-                                                          Optional[BaseException]]:
+def judge_on_root(c: Call, payloads: list[dict], work: Work
+                  ) -> tuple[Optional[TPReport], Any, Optional[BaseException]]:
     """(rank 0's report, the outcome every rank gets, rank 0's own error): the first
-    rank's error if any rank failed, else the judged report's shared part."""
+    rank's error of the sharded run if any rank failed there, else the first failed part
+    of the judging work's, else the judged report's shared part."""
     errors = [p["error"] for p in payloads]
     first = next((r for r, e in enumerate(errors) if e is not None), None)
     if first is not None:
         return None, ("error", first, errors[first]), None
+    if work.errors:
+        _, rank, error = work.errors[0]
+        return None, ("error", rank, error), None
     try:
-        report = _judge(c, payloads)
+        report = _judge(c, payloads, work)
         return report, ("report", report.shared()), None
     except Exception as e:  # noqa: BLE001 - sent to every rank
         return None, ("error", 0, portable(e)), e

@@ -46,7 +46,7 @@ from ._references import References
 from ._runs import backward_from, input_gradients, leaf_inputs, one_device
 from ._verdict import TruthTensor
 
-__all__ = ["ModuleTruth", "module_truth"]
+__all__ = ["ModuleTruth", "module_truth", "truth_request", "exact_run", "probed_run", "with_noise"]
 
 _WHO = "tpcheck.torch.truth"
 
@@ -110,6 +110,26 @@ class ModuleTruth:
         noise = self.noise.tensors()[name][1].contiguous() if self.noise is not None else None
         return TruthTensor(found[name][1].contiguous(), max(1, self.reduction_length), tp_size,
                            noise, name)
+
+    def flat(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """(its tensors, everything else) to send to another rank; from_flat rebuilds it
+        (without its noise, which is computed where both runs meet)."""
+        tensors, names = [], {}
+        for field in ("outputs", "input_grads", "grads"):
+            names[field] = list(getattr(self, field))
+            tensors += [t.detach() for t in getattr(self, field).values()]
+        meta = {f: getattr(self, f) for f in ("reduction_length", "gemm_calls", "backward",
+                                               "lifted", "references", "probe_dtype", "probed")}
+        return tensors, {"names": names, **meta}
+
+    @classmethod
+    def from_flat(cls, tensors: list[torch.Tensor], meta: dict[str, Any]) -> "ModuleTruth":
+        found, at = {}, 0
+        for field, names in meta["names"].items():
+            found[field] = dict(zip(names, tensors[at:at + len(names)]))
+            at += len(names)
+        return cls(found["outputs"], found["input_grads"], found["grads"],
+                   **{k: v for k, v in meta.items() if k != "names"})
 
     def __repr__(self) -> str:
         return (f"ModuleTruth(outputs={list(self.outputs)}, input_grads={list(self.input_grads)}, "
@@ -255,6 +275,46 @@ def _loss_backward(value: Any) -> bool:
     return True
 
 
+def truth_request(module: torch.nn.Module, args: tuple, kwargs: dict, *, grad_output: Any = None,
+                  loss: Optional[Callable[[Any], torch.Tensor]] = None, backward: bool = True,
+                  rng_seed: Optional[int] = None, strict: bool = False) -> _Request:
+    """What one module truth runs, checked (module_truth's arguments): the float64 run
+    (exact_run) and the probed run (probed_run) each repeat it; compare_tp gives them to
+    two ranks."""
+    if not isinstance(module, torch.nn.Module):
+        raise InputError(f"{_WHO}: module is a {type(module).__name__}; expected a "
+                         "torch.nn.Module")
+    if loss is not None and grad_output is not None:
+        raise InputError(f"{_WHO}: give grad_output or loss, not both")
+    device = one_device(_WHO, args, kwargs, module)
+    return _Request(module, args, kwargs, grad_output, loss, backward, rng_seed, strict, device)
+
+
+def exact_run(r: _Request) -> ModuleTruth:
+    """The float64 run: the truth, without its noise."""
+    return _run_once(r, F64TruthMode(rng_seed=r.rng_seed, strict=r.strict,
+                                     modules=ModuleStack(r.module)), References(r.module))
+
+
+def probed_run(r: _Request, probe_seed: int = 1234) -> ModuleTruth:
+    """The probed run: the float64 run with every op's result perturbed by one rounding at
+    its nominal precision (module docstring); with_noise turns it into the noise."""
+    return _run_once(r, F64TruthMode(probe_u=PROBE_U, probe_seed=probe_seed,
+                                     rng_seed=r.rng_seed, strict=r.strict,
+                                     modules=ModuleStack(r.module),
+                                     nominal=Nominal(torch.get_default_dtype())),
+                     References(r.module))
+
+
+def with_noise(exact: ModuleTruth, probed: ModuleTruth) -> ModuleTruth:
+    """`exact` with the rounding noise of its probed twin (and what the probe counted)."""
+    exact.noise = ModuleTruth(*(_noise(getattr(probed, f), getattr(exact, f))
+                                for f in ("outputs", "input_grads", "grads")),
+                              backward=exact.backward)
+    exact.probe_dtype, exact.probed = probed.probe_dtype, probed.probed
+    return exact
+
+
 def module_truth(module: torch.nn.Module, *args: Any, grad_output: Any = None,
                  loss: Optional[Callable[[Any], torch.Tensor]] = None, probe: bool = True,
                  probe_seed: int = 1234, rng_seed: Optional[int] = None,
@@ -279,28 +339,10 @@ def module_truth(module: torch.nn.Module, *args: Any, grad_output: Any = None,
     rng_seed; InputError for inputs on more than one device or a grad_output that does not
     fit.
     """
-    if not isinstance(module, torch.nn.Module):
-        raise InputError(f"{_WHO}: module is a {type(module).__name__}; expected a "
-                         "torch.nn.Module")
-    if loss is not None and grad_output is not None:
-        raise InputError(f"{_WHO}: give grad_output or loss, not both")
-    device = one_device(_WHO, args, kwargs, module)
-    r = _Request(module, args, kwargs, grad_output, loss, backward, rng_seed, strict, device)
-    references = References(module)
-    modules = ModuleStack(module)
-    exact = _run_once(r, F64TruthMode(rng_seed=rng_seed, strict=strict, modules=modules),
-                      references)
-    if probe:
-        nominal = Nominal(torch.get_default_dtype())
-        probed = _run_once(r, F64TruthMode(probe_u=PROBE_U, probe_seed=probe_seed,
-                                           rng_seed=rng_seed, strict=strict, modules=modules,
-                                           nominal=nominal),
-                           references)
-        exact.noise = ModuleTruth(*(_noise(getattr(probed, f), getattr(exact, f))
-                                    for f in ("outputs", "input_grads", "grads")),
-                                  backward=exact.backward)
-        exact.probe_dtype, exact.probed = probed.probe_dtype, probed.probed
-    return exact
+    r = truth_request(module, args, kwargs, grad_output=grad_output, loss=loss,
+                      backward=backward, rng_seed=rng_seed, strict=strict)
+    exact = exact_run(r)
+    return with_noise(exact, probed_run(r, probe_seed)) if probe else exact
 
 
 def _noise(probed: Mapping[str, torch.Tensor], exact: Mapping[str, torch.Tensor]) -> dict:

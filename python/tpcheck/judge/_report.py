@@ -25,8 +25,8 @@ KIND_PARAMETER = "parameter"
 # the kind of the replicated quantizer state's checks (bitwise across ranks; compare_tp's own)
 KIND_REPLICATED_STATE = "replicated_state"
 
-_SHARED = ("policy", "tp_size", "error_model", "entries", "seconds", "backward", "notes",
-           "truth_lifted", "truth_references")
+_SHARED = ("policy", "tp_size", "error_model", "entries", "seconds", "work", "backward",
+           "notes", "truth_lifted", "truth_references")
 
 
 def _host(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Any:
@@ -49,8 +49,9 @@ def _first_verdict(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 class TPReport(Result):
     """Per-tensor verdicts of one rank: `entries` (list of dicts), `passed`, `failures`
     (the failing entries, each with its "reason" and "policy"), `assert_ok()`,
-    `to_dict()`, `to_json()`, `to_html()`; `backward` (whether a backward ran: without one
-    only outputs and parameters are judged), `notes` (what the judging left out, why), and
+    `to_dict()`, `to_json()`, `to_html()`; `seconds` (rank 0's phases) and `work` (where
+    the unsharded run and the truth's two runs ran, and their seconds); `backward`
+    (whether a backward ran: without one only outputs and parameters are judged), `notes` (what the judging left out, why), and
     what the truth lifted to float64 (`truth_lifted`) and which float64 references stood in
     for kernels (`truth_references`)."""
 
@@ -62,6 +63,9 @@ class TPReport(Result):
         self.entries: list[dict[str, Any]] = []
         # wall seconds of compare_tp's phases on the judging rank (the group's rank 0)
         self.seconds: dict[str, float] = {}
+        # the judging work's parts: {"unsharded run" | "float64 run" | "probed run":
+        # {"rank": where it ran, "seconds": how long it took there}}
+        self.work: dict[str, dict[str, Any]] = {}
         self.backward = True
         self.notes: list[str] = []
         self.truth_lifted: list[dict[str, Any]] = []      # ModuleTruth.lifted
@@ -187,7 +191,7 @@ class TPReport(Result):
                 "tp_size": self.tp_size, "passed": self.passed, "backward": self.backward,
                 "notes": list(self.notes), "truth_lifted": self.truth_lifted,
                 "truth_references": self.truth_references, "error_model": self.error_model,
-                "tensors": self.entries, "seconds": self.seconds}
+                "tensors": self.entries, "seconds": self.seconds, "work": self.work}
 
     def to_html(self) -> str:
         """A self-contained table of the verdicts (one row per tensor)."""
