@@ -53,10 +53,20 @@ BAD_INPUTS = {
     "rank1-unknown-shards": r"shards names \['fc3.weight'\] match no parameter",
     "rank1-other-input-values": r"input 'input' on rank 1 differs from rank 0's \(\d+ of 512 elements",
     "rank1-other-input-shape": r"rank 1 was called with inputs \{'input': \[\[8, 2, 16\]",
+    "rank1-uneven-shard": r"rank 1's sharded parameter 'fc1.weight' is \[\[\d+, 16\], 'float32'\], "
+                          r"rank 0's \[\[\d+, 16\], 'float32'\]; .*uneven shards are not supported",
     "root-only-buffer-change": r"the unsharded module's buffer 'running_mean' changed in forward",
+    "no-float64-kernel": r"the float64 run failed in module <_NoFloat64>: TypeError: "
+                         r"fused_mlp\(\): incompatible function arguments",
 }
+BAD_ERROR_TYPES = {"no-float64-kernel": "TruthRunError"}  # the others: InputError
 BAD_FOUND_ON = {"rank1-unknown-shards": 1, "rank1-other-input-values": 1,
-                "rank1-other-input-shape": None, "root-only-buffer-change": 0}
+                "rank1-other-input-shape": None, "rank1-uneven-shard": None,
+                "root-only-buffer-change": 0,
+                "no-float64-kernel": None}  # the float64 run's rank, or the probed run's own
+# which ranks may run parts of the truth: rank 1's unsharded module differs from rank 0's
+# (a parameter; its train/eval mode), or spread_truth=False
+HELPERS = ["rank1-single-differs", "rank1-single-eval", "spread-off"]
 AFTER_BAD_SEED = 199  # a correct run after the bad inputs: the group still works
 # forward only (no grad_output, a non-scalar output): correct code, and bugs of the forward
 FORWARD_ONLY = [("none", 101), ("dropped-allreduce", 7), ("rescale", 7), ("shard-offset", 7)]
@@ -68,6 +78,7 @@ def _jobs() -> list[dict]:
     jobs += [dict(kind="replica", bug=b, seed=7)
              for b in ("rank1-output-scaled", "rank1-output-one-ulp", "rank1-output-one-ulp-judge")]
     jobs += [dict(kind="megatron-fwd", bug=b, seed=s) for b, s in FORWARD_ONLY]
+    jobs += [dict(kind="helpers", bug=b, seed=101) for b in HELPERS]
     jobs += [dict(kind="bad-input", bug=b, seed=0) for b in BAD_INPUTS]
     jobs += [dict(kind="megatron", bug="none", seed=AFTER_BAD_SEED)]
     return jobs
@@ -123,7 +134,7 @@ def test_each_part_of_the_judging_runs_once_and_every_rank_gets_the_same_report(
     tensors (raw) only on rank 0."""
     n, ranks = tp_results
     jobs = [k for k in _by_job(ranks) if k[0] in KINDS or k[0] in ("replica", "megatron-fwd")]
-    assert len(jobs) == len(_jobs()) - len(BAD_INPUTS)
+    assert len(jobs) == len(_jobs()) - len(BAD_INPUTS) - len(HELPERS)
     where = {"unsharded run": 0, "probed run": 1, "float64 run": 2 if n > 2 else 0}
     for key in jobs:
         rs = _by_job(ranks)[key]
@@ -136,6 +147,29 @@ def test_each_part_of_the_judging_runs_once_and_every_rank_gets_the_same_report(
         assert all(r["assert_ok"] == rs[0]["assert_ok"] for r in rs[1:])
         assert (rs[0]["assert_ok"] is None) == rs[0]["passed"]
         assert rs[0]["raw_names"] and all(r["raw_names"] == [] for r in rs[1:])
+
+
+@pytest.mark.parametrize("bug", HELPERS)
+def test_a_rank_whose_unsharded_module_is_not_rank_0s_runs_no_part_of_the_truth(tp_results, bug):
+    """The truth's runs go only to ranks whose unsharded module is rank 0's (parameters and
+    buffers bit for bit, the same train/eval modes): rank 1's is not, so the probed run
+    goes to the next rank that is, the report says why rank 1 ran nothing, and the verdict
+    is the one rank 0's module gets. spread_truth=False keeps every part on rank 0."""
+    n, ranks = tp_results
+    rs = _by_job(ranks)[("helpers", bug, 101)]
+    assert len(rs) == n and all("error" not in r for r in rs), rs[0].get("traceback")
+    assert all(r["passed"] for r in rs), rs[0]["reasons"]
+    helpers = [] if bug == "spread-off" else list(range(2, n))
+    want = {"unsharded run": 0, "probed run": helpers[0] if helpers else 0,
+            "float64 run": helpers[1] if len(helpers) > 1 else 0}
+    work = rs[0]["report"]["work"]
+    assert {part: w["rank"] for part, w in work.items()} == want
+    for part, rank in want.items():
+        assert [r["part_calls"][part] for r in rs] == [int(r == rank) for r in range(n)]
+    notes = [m for m in rs[0]["report"]["notes"] if m.startswith("rank 1 ran no part")]
+    why = {"rank1-single-differs": "parameters or buffers differ from rank 0's bit for bit",
+           "rank1-single-eval": "train/eval modes differ from rank 0's"}.get(bug)
+    assert (len(notes) == 1 and why in notes[0]) if why else not notes, notes
 
 
 def test_a_replica_that_differs_on_one_rank_is_judged_on_every_rank(tp_results):
@@ -193,7 +227,7 @@ def test_bad_input_on_some_ranks_raises_on_every_rank(tp_results, bug):
     assert len(rs) == n
     for rank, r in enumerate(rs):
         assert "error" in r, f"TP {n}: rank {rank} did not raise for {bug}: {r}"
-        assert r["error_type"] == "InputError", r["error"]
+        assert r["error_type"] == BAD_ERROR_TYPES.get(bug, "InputError"), r["error"]
         assert re.search(BAD_INPUTS[bug], r["error"]), r["error"]
         found = BAD_FOUND_ON[bug]
         if found is not None and rank != found:
@@ -595,3 +629,59 @@ def test_compare_tp_without_a_usable_trace_falls_back(one_rank_group, fake_trace
     report = compare_tp(single, copy.deepcopy(single), (x,), grad_output=dy)
     assert fake_trace.opened == 0 and report.error_model["math"] is None
     assert report.error_model["gemm_trace_note"].startswith("not traced")
+
+
+def test_a_later_call_reuses_the_first_calls_gemm_trace(one_rank_group, fake_trace, monkeypatch):
+    """By default the GEMM classes are traced once per (module, call key): a later call with
+    the same modules, input shapes and dtypes and matmul switches reuses them, and says so;
+    another key (torch's TF32 switch flipped) traces again; trace_gemms=True every call."""
+    from tpcheck.judge._call import Call
+    monkeypatch.setattr(Call, "want_trace", property(lambda self: True))  # as on CUDA
+    fake_trace.calls = [_call("32F_FAST_TF32")]
+    single = _mlp()
+    sharded = copy.deepcopy(single)
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    first = compare_tp(single, sharded, (x,), grad_output=dy)
+    assert fake_trace.opened == 2 and first.error_model["gemm_trace_reused"] is False
+    later = compare_tp(single, sharded, (x,), grad_output=dy)
+    assert fake_trace.opened == 2 and later.error_model["gemm_trace_reused"] is True
+    assert later.error_model["gemm_classes"] == first.error_model["gemm_classes"] == ["tf32"]
+    assert later.error_model["math"] == "tf32"
+    compare_tp(single, sharded, (torch.randn(6, 8),), grad_output=torch.randn(6, 8))
+    assert fake_trace.opened == 4  # other shapes: another key
+    flag = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = not flag
+        compare_tp(single, sharded, (x,), grad_output=dy)
+        assert fake_trace.opened == 6
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+    every = compare_tp(single, sharded, (x,), grad_output=dy, trace_gemms=True)
+    assert fake_trace.opened == 8 and every.error_model["gemm_trace_reused"] is False
+
+
+def test_packed_tensors_come_back_bit_for_bit(one_rank_group):
+    """compare_tp's collectives move many tensors as one byte buffer (_group.Layout): every
+    dtype and shape (empty, 0-d) comes back with its bits, NaN payloads included, each at an
+    aligned offset."""
+    from tpcheck.judge._checks import same_bits
+    from tpcheck.judge._group import Group, Layout
+    shapes = [(3, 5), (), (0,), (7,), (2, 3, 4), (5,), (1,)]
+    dtypes = [torch.float32, torch.float64, torch.bfloat16, torch.bool, torch.int64,
+              torch.float16, torch.complex64]
+    g = torch.Generator().manual_seed(3)
+    tensors = []
+    for shape, dtype in zip(shapes, dtypes):
+        t = torch.randn(shape, generator=g, dtype=torch.float64) * 1e3
+        t = t > 0 if dtype == torch.bool else t.to(dtype)
+        if dtype.is_floating_point and t.numel():
+            t.view(-1)[0] = float("nan")
+        tensors.append(t)
+    layout = Layout.of(tensors)
+    assert all(at % 16 == 0 for _, _, at in layout.entries)
+    back = layout.unpack(layout.pack(tensors, torch.device("cpu")))
+    assert all(same_bits(a, b) for a, b in zip(tensors, back))
+    group = Group(None)
+    (gathered,) = group.all_gather_packed(tensors, torch.device("cpu"))
+    assert all(same_bits(a, b) for a, b in zip(tensors, gathered))
+    assert all(same_bits(a, b) for a, b in zip(tensors, group.tensors_from_root(tensors, torch.device("cpu"))))

@@ -95,6 +95,19 @@ def _inject_dtensor_bug(bug: str):
     return lambda: [u() for u in undo]
 
 
+class _NoFloat64(torch.nn.Module):
+    """A module whose kernel refuses float64 operands (as TE's or flash-attn's do)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            raise TypeError("fused_mlp(): incompatible function arguments (float64)")
+        return self.inner(x)
+
+
 def bad_input(bug: str, tp: int) -> None:
     """compare_tp called with input that only some ranks see as bad; it must raise (the
     caller records the error of every rank)."""
@@ -112,6 +125,15 @@ def bad_input(bug: str, tp: int) -> None:
         x = x + 1
     if bug == "rank1-other-input-shape" and rank == 1:
         x = torch.randn(8, 2, 16)
+    if bug == "rank1-uneven-shard" and rank == 1:
+        # one row more of fc1 here than on the other ranks (a split by torch.chunk of an
+        # uneven length): one all-gather of every shard cannot take it
+        w = sharded.fc1.weight
+        sharded.fc1.weight = torch.nn.Parameter(torch.cat([w.detach(), w.detach()[:1]]))
+        sharded.fc1.weight.tensor_model_parallel, sharded.fc1.weight.partition_dim = True, 0
+    if bug == "no-float64-kernel":
+        # a kernel without a float64 path: the truth's runs fail on the ranks that make them
+        single, sharded = _NoFloat64(single), _NoFloat64(sharded)
     if bug == "root-only-buffer-change":
         # only rank 0 runs the unsharded module: its BatchNorm (training mode) updates its
         # running statistics there; the sharded twin is in eval()
@@ -150,6 +172,19 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
         dy = torch.randn(seq, batch, hidden)
         dims = {"input": 0} if sp else {}
         out_dims = {"output": 0} if sp else {}
+    elif kind == "helpers":
+        # the ranks that may run the truth's parts: rank 1's unsharded module is not rank
+        # 0's (its sharded twin is built first, from the same weights as every rank's)
+        single = L.MLP(hidden, ffn)
+        sharded = L.TPMLP(single)
+        if dist.get_rank() == 1 and bug == "rank1-single-differs":
+            with torch.no_grad():
+                single.fc1.bias.add_(1.0)
+        if dist.get_rank() == 1 and bug == "rank1-single-eval":
+            single.eval()  # MLP has no dropout: the same output, another mode
+        x = torch.randn(seq, batch, hidden)
+        dy = torch.randn(seq, batch, hidden)
+        dims, out_dims = {}, {}
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
@@ -170,7 +205,8 @@ def scenario(kind: str, bug: str, seed: int, tp: int, policy: str = "truth") -> 
     try:
         report = compare_tp(single, sharded, (x,), grad_output=dy, input_dims=dims,
                             output_dims=out_dims, policy=policy,
-                            replicas="judge" if bug.endswith("-judge") else "identical")
+                            replicas="judge" if bug.endswith("-judge") else "identical",
+                            spread_truth=bug != "spread-off")
     finally:
         undo()
         L.BUG = "none"

@@ -7,16 +7,18 @@ fp64 truth, the way the suite judges tpcheck's own layers.
 On every rank: this rank's sharded module runs forward and backward on the global inputs
 and its outputs, input gradients and parameter gradients are gathered into full tensors
 (DTensor placements, Megatron's tensor_model_parallel / partition_dim / partition_stride
-attributes, or the `shards` map). Once per group, on the group's rank 0 (the judging
-rank, _judging): the unsharded module runs on the same inputs, the module truth gives the
-fp64 truth and its rounding noise, and tpcheck.compare judges every tensor with the chosen
-policy; the verdicts go back to every rank, so every rank's report is the same. The other
-ranks never hold the truth. docs/JUDGE.md is the manual.
+attributes, or the `shards` map), many tensors to a collective (_group's packed
+collectives). Once per group (_work): the unsharded module runs on the same inputs on
+rank 0, and the module truth's float64 and probed runs, which give the fp64 truth and its
+rounding noise, run beside it on ranks 1 and 2 and go to rank 0. There (the judging rank,
+_judging) tpcheck.compare judges every tensor with the chosen policy; the verdicts go back
+to every rank, so every rank's report is the same. docs/JUDGE.md is the manual.
 
 The phases, each a function over the call's state (_call.Call): _check_call,
-_check_inputs, _gather_parameters, _sharded_run (_call.forward_backward,
-_gather_gradients, _collect_differing_replicas), then _finish with _judging.judge_on_root.
-Errors stay collective (_group.Group.agree).
+_check_inputs, _gather_parameters (then the plan of the judging work, _work.plan_of),
+_sharded_run (_call.forward_backward, _gather_gradients, _collect_differing_replicas),
+then _finish with _work.run_parts, _work.share and _judging.judge_on_root. Errors stay
+collective (_group.Group.agree).
 """
 
 from __future__ import annotations
@@ -305,11 +307,13 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     judges alone).
 
     Where the work happens: every rank runs its sharded module and gathers; the group's
-    rank 0 alone runs `single`, the truth and the judging (its `single`, `truth` and
-    inputs are the ones used; the inputs and grad_output must be bitwise the same on every
-    rank, else an error), and sends the verdicts to every rank: every rank gets the same
-    report (`rank` is the caller's) and `assert_ok()` raises the same reason on each.
-    `report.raw` is filled on rank 0 only. A replicated tensor (a row-parallel output, a
+    rank 0 runs `single` and judges (its `single`, `truth` and inputs are the ones used;
+    the inputs and grad_output must be bitwise the same on every rank, else an error),
+    while the truth's float64 and probed runs go to ranks 2 and 1 where their `single`
+    is rank 0's bit for bit and in the same train/eval modes (spread_truth=False: rank 0
+    runs them too; `report.work` says where each ran). The verdicts go to every rank:
+    every rank gets the same report (`rank` is the caller's) and `assert_ok()` raises the
+    same reason on each. `report.raw` is filled on rank 0 only. A replicated tensor (a row-parallel output, a
     replicated bias gradient) is every rank's own copy: copies that differ bitwise from
     rank 0's are judged too, as entries "<name> (rank r's copy)". replicas: "identical"
     (default) fails such a copy with a verdict of its own ("replica"), whatever the
@@ -324,7 +328,10 @@ def compare_tp(single: torch.nn.Module, sharded: torch.nn.Module, args: Any = ()
     (`trace_gemms`: None traces when the inputs are on CUDA, True always tries, False
     never; a TF32 GEMM on float32 gives u = 2^-11), else "tf32" when the device is CUDA
     and torch allows TF32 matmuls; `error_model` in the report says which classes were
-    seen and where `math` came from. K the longest GEMM reduction of the truth run, N the
+    seen and where `math` came from; by default a module's run is traced once per call key
+    (the same module, input shapes and dtypes, parameter dtypes and torch's matmul
+    switches), later calls reusing its classes (`gemm_trace_reused`); trace_gemms=True
+    traces every call. K the longest GEMM reduction of the truth run, N the
     group size; `unit_roundoff`, `reduction_length`, `tp_size`, `multiplier`,
     `floor_factor` override. `truth`: a precomputed module truth (used on rank 0; else
     computed there, with the probe unless probe=False).
