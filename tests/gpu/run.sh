@@ -586,7 +586,8 @@ EOF
   fi
   if [[ " $parts " == *" fidelity "* ]]; then
     # The same at TP 4 under tpcheck emulate: TE's sharded modules, gathered, against
-    # tpcheck's layers sharded at TP 4 in the suite's own group (layer_run(tp_size=4)).
+    # tpcheck's layers sharded at TP 4 in the suite's own group (layer_run(tp_size=4)),
+    # unquantized and under one step of each Hopper recipe (fp8, fp8_cs, fp8_block_scaling).
     timed "te: TE's sharded modules vs tpcheck's sharded layers, TP 4 (te_fidelity_tp.py)" te_fidelity_tp4.log \
       timeout "${TPCHECK_TE_TIMEOUT:-300}" python3 -m tpcheck emulate -n 4 -- \
       "$root/tests/gpu/te_fidelity_tp.py" "$out/te_fidelity_tp4.json"

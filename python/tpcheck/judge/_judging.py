@@ -168,8 +168,10 @@ def _judge(c: Call, payloads: list[dict], work: Work) -> TPReport:
     report.backward = c.backward
     report.work = {part: {"rank": work.ranks[part], "seconds": work.seconds[part]}
                    for part in work.ranks}
-    for r, why in c.plan.refused:
-        report.notes.append(f"rank {r} ran no part of the truth: {why}")
+    for why in dict.fromkeys(why for _, why in c.plan.refused):
+        ranks = [r for r, w in c.plan.refused if w == why]
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        report.notes.append(f"{who} ran no part of the truth: {why}")
     if not c.backward:
         why = ("backward=False" if c.opts.backward is False
                else "no grad_output was given and the output is not a scalar")

@@ -75,10 +75,10 @@ def plan_of(c: Call, views: list[dict[str, Any]]) -> Plan:
     helpers, refused = [], []
     for r, v in enumerate(views[1:] if o.spread_truth else [], start=1):
         if not v["same_state"]:
-            refused.append((r, "its unsharded module's parameters or buffers differ from "
+            refused.append((r, "the unsharded module's parameters or buffers differ from "
                                "rank 0's bit for bit"))
         elif v["modes"] != views[0]["modes"]:
-            refused.append((r, "its unsharded module's train/eval modes differ from rank 0's"))
+            refused.append((r, "the unsharded module's train/eval modes differ from rank 0's"))
         else:
             helpers.append(r)
     runs = [PROBED, EXACT] if o.probe else [EXACT]
