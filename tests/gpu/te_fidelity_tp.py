@@ -75,15 +75,7 @@ CASES = [
 RECIPE_CASES = [
     (r, name, make, kind, in_dim, out_dim, 64, 2 * H if kind == "row" else H)
     for r in ("fp8", "fp8_cs")
-    for name, make, kind, in_dim, out_dim in (
-        ("Linear column", lambda dt, **k: te.Linear(H, 2 * H, params_dtype=dt, device="cuda", **k),
-         "column", None, -1),
-        ("Linear row", lambda dt, **k: te.Linear(2 * H, H, params_dtype=dt, device="cuda", **k),
-         "row", -1, None),
-        ("LayerNormLinear column, sequence parallel", lambda dt, **k: te.LayerNormLinear(
-            H, 2 * H, params_dtype=dt, device="cuda", **sp(k)), "column", 0, -1),
-        ("LayerNormMLP gelu LayerNorm", lambda dt, **k: te.LayerNormMLP(
-            H, F, params_dtype=dt, device="cuda", **k), "mlp", None, None))
+    for name, make, kind, in_dim, out_dim in CASES[:4]  # Linear column and row, LNLinear SP, LNMLP
 ] + [
     ("fp8_block_scaling", "Linear column", lambda dt, **k: te.Linear(
         128, 128 * N, params_dtype=dt, device="cuda", **k), "column", None, -1, 128, 128),
